@@ -1,0 +1,158 @@
+"""The command line: parse options into a `Config`, call the agent, map errors to exit codes.
+
+Exit codes are API: `diff` exits 0 in sync, 1 with changes pending, 2 on any error (with a
+one-line message, never a traceback).
+
+Imports: click (only here), config, agent, errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ipvsproxy import __version__, agent
+from ipvsproxy.config import Config, parse_cidrs, parse_port_range, parse_scheduler
+from ipvsproxy.errors import IpvsproxyError
+from ipvsproxy.sync.render import render_text, to_json
+
+EXIT_ERROR = 2
+log = logging.getLogger("ipvsproxy")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def node_options(func: F) -> F:
+    """Options shared by every command that computes desired state for this node."""
+    options = [
+        click.option(
+            "--hostname-override",
+            metavar="NAME",
+            help="This node's name: which endpoints are local (default: the host name).",
+        ),
+        click.option(
+            "--nodeport-addresses",
+            metavar="CIDR,...",
+            default="",
+            help="Node addresses NodePorts listen on (default: all of the node's addresses).",
+        ),
+        click.option(
+            "--scheduler",
+            default="rr",
+            show_default=True,
+            help="Node-wide default IPVS scheduler (a Service may override it by annotation).",
+        ),
+        click.option(
+            "--service-cidr",
+            metavar="CIDR,...",
+            default="",
+            help="Service VIP ranges: virtual servers there are ipvsproxy's (see Ownership).",
+        ),
+        click.option(
+            "--ipvs-exclude-cidrs",
+            metavar="CIDR,...",
+            default="",
+            help="Virtual servers in these ranges are never changed or deleted.",
+        ),
+        click.option(
+            "--service-node-port-range",
+            default="30000-32767",
+            show_default=True,
+            help="The cluster's NodePort range (ownership of node-address virtual servers).",
+        ),
+        click.option(
+            "--dummy-device",
+            default="kube-ipvs0",
+            show_default=True,
+            help="The dummy device that holds the VIPs.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def make_config(opts: dict[str, Any]) -> Config:
+    """Build and validate the Config from parsed option values."""
+    node_name = opts.get("hostname_override")
+    return Config(
+        **({"node_name": node_name} if node_name else {}),
+        scheduler=parse_scheduler(opts["scheduler"], option="--scheduler"),
+        nodeport_cidrs=parse_cidrs(opts["nodeport_addresses"], option="--nodeport-addresses"),
+        service_cidrs=parse_cidrs(opts["service_cidr"], option="--service-cidr"),
+        exclude_cidrs=parse_cidrs(opts["ipvs_exclude_cidrs"], option="--ipvs-exclude-cidrs"),
+        nodeport_range=parse_port_range(
+            opts["service_node_port_range"], option="--service-node-port-range"
+        ),
+        dummy_device=opts["dummy_device"],
+    )
+
+
+def errors_to_exit(func: F) -> F:
+    """Our errors become one line on stderr and exit status 2; never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except IpvsproxyError as exc:
+            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            sys.exit(EXIT_ERROR)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ipvsproxy")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def main(log_level: str) -> None:
+    """ipvsproxy: Kubernetes Service VIPs with the kernel's IPVS load balancer."""
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(levelname)s %(message)s"
+    )
+
+
+@main.command()
+@click.option(
+    "--manifests",
+    "manifest_paths",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path),
+    help="YAML/JSON files or directories with Services, EndpointSlices and Nodes (repeatable).",
+)
+@click.option(
+    "--kernel-state",
+    type=click.Path(path_type=Path),
+    help="Observed IPVS table: a file with the output of `ipvsadm-save -n`.",
+)
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+@node_options
+@errors_to_exit
+def diff(
+    manifest_paths: tuple[Path, ...], kernel_state: Path | None, output: str, **opts: Any
+) -> None:
+    """Dry run: print the plan `run` would apply; change nothing.
+
+    Exit status: 0 in sync, 1 changes pending, 2 error.
+    """
+    config = make_config(opts)
+    result = agent.diff(config, manifest_paths=manifest_paths, kernel_state=kernel_state)
+    for warning in result.warnings:
+        log.warning("%s", warning)
+    if output == "json":
+        click.echo(to_json(result.lines, warnings=result.warnings, notes=result.notes), nl=False)
+    else:
+        click.echo(render_text(result.lines, notes=result.notes), nl=False)
+    sys.exit(result.exit_code)

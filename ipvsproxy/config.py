@@ -1,0 +1,70 @@
+"""The agent's configuration: one frozen object, validated once, built by the CLI.
+
+Owns: `Config` and the parsers for its textual forms (CIDR lists, port ranges). Also
+`ownership()`, the precise rule for which virtual servers ipvsproxy may change (see
+docs in README "Ownership").
+
+Imports: schedulers, model, errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network, IPv6Network, ip_network
+
+from ipvsproxy.errors import ConfigError
+from ipvsproxy.model import IPAddress
+from ipvsproxy.schedulers import Scheduler
+
+IPNetwork = IPv4Network | IPv6Network
+
+DEFAULT_NODEPORT_RANGE = (30000, 32767)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything the agent needs to know that does not come from the API."""
+
+    node_name: str = field(default_factory=socket.gethostname)
+    scheduler: Scheduler = Scheduler.RR
+    nodeport_cidrs: tuple[IPNetwork, ...] = ()  # empty: every node address
+    service_cidrs: tuple[IPNetwork, ...] = ()  # VIP ranges ipvsproxy owns outright
+    exclude_cidrs: tuple[IPNetwork, ...] = ()  # never touched, whatever else says
+    nodeport_range: tuple[int, int] = DEFAULT_NODEPORT_RANGE
+    dummy_device: str = "kube-ipvs0"
+
+    def selects_nodeport_address(self, address: IPAddress) -> bool:
+        """Whether NodePorts listen on this node address (`--nodeport-addresses`)."""
+        return not self.nodeport_cidrs or any(address in net for net in self.nodeport_cidrs)
+
+
+def parse_cidrs(text: str, *, option: str) -> tuple[IPNetwork, ...]:
+    """`10.0.0.0/8,fd00::/8` -> networks; ConfigError naming the option otherwise."""
+    nets = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            nets.append(ip_network(part, strict=False))
+        except ValueError:
+            raise ConfigError(f"{option}: {part!r} is not a CIDR") from None
+    return tuple(nets)
+
+
+def parse_port_range(text: str, *, option: str) -> tuple[int, int]:
+    """`30000-32767` -> (30000, 32767)."""
+    low, sep, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high if sep else low)
+    except ValueError:
+        raise ConfigError(f"{option}: {text!r} is not a port range like 30000-32767") from None
+    if not 1 <= lo <= hi <= 65535:
+        raise ConfigError(f"{option}: {text!r} is not a valid port range")
+    return lo, hi
+
+
+def parse_scheduler(text: str, *, option: str) -> Scheduler:
+    try:
+        return Scheduler(text.strip().lower())
+    except ValueError:
+        known = ", ".join(s.value for s in Scheduler)
+        raise ConfigError(f"{option}: {text!r} is not an IPVS scheduler ({known})") from None

@@ -1,0 +1,45 @@
+"""The project's own exception tree; foreign errors are mapped to it once, at the boundary.
+
+    IpvsproxyError
+    ├── ConfigError          bad flags, unreadable or malformed input files
+    ├── StateParseError      an observed-state text (ipvsadm-save) that cannot be read
+    └── KernelError          one kernel operation failed
+        ├── NotFound         the object to change or delete does not exist
+        ├── AlreadyExists    the object to add exists already
+        ├── Unsupported      the kernel lacks a scheduler, protocol or feature
+        └── KernelUnavailable  the backend cannot be used at all
+
+Imports: the standard library only.
+"""
+
+
+class IpvsproxyError(Exception):
+    """Base of every error ipvsproxy raises on purpose."""
+
+
+class ConfigError(IpvsproxyError):
+    """Invalid configuration or input (flags, manifests, state files)."""
+
+
+class StateParseError(IpvsproxyError):
+    """A saved kernel state (the text of `ipvsadm-save -n`) could not be parsed."""
+
+
+class KernelError(IpvsproxyError):
+    """A kernel operation failed; reported per operation, never aborting a whole sync."""
+
+
+class NotFound(KernelError):
+    """The service, destination or address does not exist."""
+
+
+class AlreadyExists(KernelError):
+    """The service, destination or address exists already."""
+
+
+class Unsupported(KernelError):
+    """The kernel does not support what was asked (scheduler module, protocol, flag)."""
+
+
+class KernelUnavailable(KernelError):
+    """The backend cannot be used at all (no IPVS, no permission)."""

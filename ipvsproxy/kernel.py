@@ -1,0 +1,56 @@
+"""The one narrow interface between sync/ and a kernel backend.
+
+Owns: `Kernel` (observe / apply), `Plan`, `ApplyReport`, `Failure`. Implementations: the
+netlink IPVS backend, the iptables fallback, and `ipvsproxy.testing.FakeKernel`.
+
+The agent runs watchers in threads and one sync thread (the `kubernetes` client is
+synchronous), so the interface is synchronous too.
+
+Imports: model, errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ipvsproxy.errors import KernelError
+from ipvsproxy.model import IpvsState, Op
+
+Plan = tuple[Op, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One operation the kernel refused."""
+
+    op: Op
+    error: KernelError
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyReport:
+    """What happened to a plan: every op not listed in `failures` was applied."""
+
+    applied: int = 0
+    failures: tuple[Failure, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class Kernel(Protocol):
+    """Everything sync/ may ask of a kernel backend."""
+
+    def observe(self) -> IpvsState:
+        """The backend's current table, including objects ipvsproxy does not own."""
+        ...
+
+    def apply(self, plan: Sequence[Op]) -> ApplyReport:
+        """Execute ops in order. A per-op KernelError is reported, not raised.
+
+        Raises KernelUnavailable only when the backend cannot be used at all.
+        """
+        ...

@@ -1,0 +1,282 @@
+"""Value types of IPVS state and the operations that change it, with kernel semantics.
+
+Owns: identity keys (`VSKey`, `RSKey`) kept apart from settings (`VirtualServer`,
+`RealServer`); `IpvsState`, the one type for desired and observed state; the `Op` union;
+and `transition(state, op)`, the kernel's behaviour as a pure function (what `FakeKernel`
+executes and what the planner is property-tested against).
+
+Imports: schedulers, errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+from collections.abc import Container, Mapping
+from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Address, IPv6Address, ip_address
+
+from ipvsproxy.errors import AlreadyExists, NotFound
+from ipvsproxy.schedulers import SchedFlag, Scheduler
+
+IPAddress = IPv4Address | IPv6Address
+
+
+class Proto(enum.IntEnum):
+    """Transport protocols a virtual server can balance (IPPROTO_* numbers)."""
+
+    TCP = socket.IPPROTO_TCP
+    UDP = socket.IPPROTO_UDP
+    SCTP = socket.IPPROTO_SCTP
+
+
+class ServiceFlags(enum.IntFlag):
+    """Virtual service flags (linux/ip_vs.h IP_VS_SVC_F_*). HASHED is never stored."""
+
+    PERSISTENT = 0x0001
+    HASHED = 0x0002
+    ONEPACKET = 0x0004
+    SCHED1 = SchedFlag.SCHED1.value
+    SCHED2 = SchedFlag.SCHED2.value
+    SCHED3 = SchedFlag.SCHED3.value
+
+
+SCHED_FLAGS = ServiceFlags.SCHED1 | ServiceFlags.SCHED2 | ServiceFlags.SCHED3
+
+
+class Forward(enum.IntEnum):
+    """Destination forwarding method (IP_VS_CONN_F_FWD_MASK values)."""
+
+    MASQ = 0  # NAT: what a Kubernetes proxy needs (the destination port may differ)
+    LOCAL = 1
+    TUNNEL = 2
+    ROUTE = 3  # direct routing (pyroute2's default, wrong for us)
+
+
+@dataclass(frozen=True, slots=True)
+class VSKey:
+    """Identity of a virtual server: address, port, protocol (fwmark services: the mark).
+
+    Ordered IPv4 before IPv6 (ipaddress objects of two families do not compare).
+    """
+
+    address: IPAddress
+    port: int
+    proto: Proto
+    fwmark: int = 0  # non-zero only for firewall-mark services (never ipvsproxy's own)
+
+    def __lt__(self, other: VSKey) -> bool:
+        return (addr_order(self.address), self.port, self.proto, self.fwmark) < (
+            addr_order(other.address),
+            other.port,
+            other.proto,
+            other.fwmark,
+        )
+
+    def __str__(self) -> str:
+        if self.fwmark:
+            family = " IPv6" if self.address.version == 6 else ""
+            return f"FWM {self.fwmark}{family}"
+        return f"{self.proto.name} {host_port(self.address, self.port)}"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServer:
+    """Settings of a virtual server; compared with ==. HASHED is masked off on decode."""
+
+    key: VSKey
+    scheduler: Scheduler = Scheduler.RR
+    flags: ServiceFlags = ServiceFlags(0)
+    timeout_s: int = 0  # persistence timeout; meaningful with PERSISTENT
+
+
+@dataclass(frozen=True, slots=True)
+class RSKey:
+    """Identity of a real server (destination) within its virtual server."""
+
+    address: IPAddress
+    port: int
+
+    def __lt__(self, other: RSKey) -> bool:
+        return (addr_order(self.address), self.port) < (addr_order(other.address), other.port)
+
+    def __str__(self) -> str:
+        return host_port(self.address, self.port)
+
+
+@dataclass(frozen=True, slots=True)
+class RealServer:
+    """Settings of a destination. Weight 0 = draining. No connection counters here."""
+
+    key: RSKey
+    weight: int = 1
+    forward: Forward = Forward.MASQ
+    upper_threshold: int = 0
+    lower_threshold: int = 0
+
+
+Dests = Mapping[RSKey, RealServer]
+
+
+@dataclass(frozen=True, slots=True)
+class IpvsState:
+    """The IPVS table (and bound VIPs) as wanted or as seen; treated as immutable.
+
+    Every key of `services` has an entry in `dests` (possibly empty) and vice versa.
+    """
+
+    services: Mapping[VSKey, VirtualServer] = field(default_factory=dict)
+    dests: Mapping[VSKey, Dests] = field(default_factory=dict)
+    bound: frozenset[IPAddress] = frozenset()  # VIPs on the dummy device (IPVS backend)
+
+
+EMPTY = IpvsState()
+
+
+def state_of(
+    services: Mapping[VirtualServer, list[RealServer]] | None = None,
+    bound: frozenset[IPAddress] = frozenset(),
+) -> IpvsState:
+    """Build a state from virtual servers and their destination lists (tests, parsers)."""
+    services = services or {}
+    return IpvsState(
+        services={vs.key: vs for vs in services},
+        dests={vs.key: {rs.key: rs for rs in rss} for vs, rss in services.items()},
+        bound=bound,
+    )
+
+
+# ---- operations -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AddService:
+    vs: VirtualServer
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateService:
+    vs: VirtualServer
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteService:
+    key: VSKey
+
+
+@dataclass(frozen=True, slots=True)
+class AddDest:
+    service: VSKey
+    rs: RealServer
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateDest:
+    service: VSKey
+    rs: RealServer
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteDest:
+    service: VSKey
+    key: RSKey
+
+
+@dataclass(frozen=True, slots=True)
+class BindAddress:
+    address: IPAddress
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindAddress:
+    address: IPAddress
+
+
+Op = (
+    AddService
+    | UpdateService
+    | DeleteService
+    | AddDest
+    | UpdateDest
+    | DeleteDest
+    | BindAddress
+    | UnbindAddress
+)
+
+
+def transition(state: IpvsState, op: Op) -> IpvsState:
+    """The state after the kernel executes `op`; raises like the kernel would.
+
+    Adding an existing object -> AlreadyExists (EEXIST); changing or deleting a missing one,
+    or touching a destination of a missing service -> NotFound (ESRCH/ENOENT); deleting a
+    service drops its destinations.
+    """
+    services, dests = dict(state.services), dict(state.dests)
+    match op:
+        case AddService(vs):
+            _absent(vs.key, services, "service")
+            services[vs.key], dests[vs.key] = vs, {}
+        case UpdateService(vs):
+            _present(vs.key, services, "service")
+            services[vs.key] = vs
+        case DeleteService(key):
+            _present(key, services, "service")
+            del services[key], dests[key]
+        case AddDest(service, rs):
+            _present(service, services, "service")
+            _absent(rs.key, dests[service], f"destination of {service}")
+            dests[service] = {**dests[service], rs.key: rs}
+        case UpdateDest(service, rs):
+            _present(service, services, "service")
+            _present(rs.key, dests[service], f"destination of {service}")
+            dests[service] = {**dests[service], rs.key: rs}
+        case DeleteDest(service, key):
+            _present(service, services, "service")
+            _present(key, dests[service], f"destination of {service}")
+            dests[service] = {k: v for k, v in dests[service].items() if k != key}
+        case BindAddress(address):
+            _absent(address, state.bound, "address")
+            return replace(state, bound=state.bound | {address})
+        case UnbindAddress(address):
+            _present(address, state.bound, "address")
+            return replace(state, bound=state.bound - {address})
+    return replace(state, services=services, dests=dests)
+
+
+def _present(key: object, where: Container[object], what: str) -> None:
+    if key not in where:
+        raise NotFound(f"{what} {key} not found")
+
+
+def _absent(key: object, where: Container[object], what: str) -> None:
+    if key in where:
+        raise AlreadyExists(f"{what} {key} exists already")
+
+
+# ---- small helpers shared by parsers and renderers --------------------------------------
+
+
+def addr_order(address: IPAddress) -> tuple[int, int]:
+    """Sort key for addresses of both families: IPv4 first, then numeric."""
+    return address.version, int(address)
+
+
+def host_port(address: IPAddress, port: int) -> str:
+    """`10.0.0.1:80` or `[fd00::1]:80`, as ipvsadm prints them."""
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+def parse_host_port(text: str) -> tuple[IPAddress, int]:
+    """Inverse of `host_port`; ValueError on anything else."""
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"bad address {text!r}")
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep or ":" in host:
+            raise ValueError(f"bad address {text!r}")
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port out of range in {text!r}")
+    return ip_address(host), number

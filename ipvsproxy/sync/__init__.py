@@ -1,0 +1,1 @@
+"""The pure sync core: desired state, ownership, planning, plan rendering."""

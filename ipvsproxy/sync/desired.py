@@ -1,0 +1,168 @@
+"""Services + EndpointSlices + this node -> the desired IPVS state (pure).
+
+Owns: the translation with upstream kube-proxy IPVS semantics: a virtual server per Service
+port for each ClusterIP, externalIP, LoadBalancer ingress IP and (NodePort/LoadBalancer) node
+address; endpoints matched by the Service port's name and protocol in the Service's
+EndpointSlices; ready endpoints, else serving-and-terminating ones; traffic policies;
+session affinity as IPVS persistence; per-Service schedulers. Warnings are returned as data.
+
+Imports: api, model, schedulers, config.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ipvsproxy.api import (
+    PROXY_NAME_LABEL,
+    EndpointSliceView,
+    EndpointView,
+    NodeView,
+    ServicePortView,
+    ServiceType,
+    ServiceView,
+)
+from ipvsproxy.config import Config
+from ipvsproxy.model import (
+    IPAddress,
+    IpvsState,
+    RealServer,
+    RSKey,
+    ServiceFlags,
+    VirtualServer,
+    VSKey,
+)
+from ipvsproxy.schedulers import Choice, resolve
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """The desired state, which Service port caused each virtual server, and warnings."""
+
+    state: IpvsState
+    origins: Mapping[VSKey, str] = field(default_factory=dict)  # "ns/name:port"
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Frontend:
+    address: IPAddress
+    port: int
+    external: bool  # subject to externalTrafficPolicy (else internalTrafficPolicy)
+    bind: bool  # the address goes on the dummy device
+
+
+# (endpoint, port number) pairs for one Service port
+_Backends = list[tuple[EndpointView, int]]
+
+
+def desired_state(
+    services: Iterable[ServiceView],
+    slices: Iterable[EndpointSliceView],
+    node: NodeView,
+    config: Config,
+) -> Desired:
+    """Translate the API view into IPVS virtual and real servers for this node."""
+    by_service: dict[tuple[str, str], list[EndpointSliceView]] = defaultdict(list)
+    for s in slices:
+        if s.service_name and s.address_type != "FQDN":
+            by_service[(s.namespace, s.service_name)].append(s)
+    out = _Builder()
+    for svc in sorted(services, key=lambda s: (s.namespace, s.name)):
+        if svc.type is ServiceType.EXTERNAL_NAME or svc.headless or PROXY_NAME_LABEL in svc.labels:
+            continue
+        choice = resolve(svc.annotations, config.scheduler)
+        if choice.warning:
+            out.warnings.append(f"Service {svc.ref}: {choice.warning}")
+        slices_of = by_service.get((svc.namespace, svc.name), [])
+        for port in svc.ports:
+            backends = _backends(slices_of, port)
+            for front in _frontends(svc, port, node, config):
+                vs = _virtual_server(front, port, svc, choice)
+                rss = _real_servers(backends, front, svc, node.name)
+                out.add(vs, rss, bind=front.bind, origin=f"{svc.ref}:{port.name or port.port}")
+    return out.build()
+
+
+def _frontends(
+    svc: ServiceView, port: ServicePortView, node: NodeView, config: Config
+) -> Iterable[_Frontend]:
+    for ip in svc.cluster_ips:
+        yield _Frontend(ip, port.port, external=False, bind=True)
+    for ip in (*svc.external_ips, *svc.lb_ingress_ips):
+        yield _Frontend(ip, port.port, external=True, bind=True)
+    if port.node_port and svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
+        for ip in node.addresses:
+            if config.selects_nodeport_address(ip):
+                yield _Frontend(ip, port.node_port, external=True, bind=False)
+
+
+def _virtual_server(
+    front: _Frontend, port: ServicePortView, svc: ServiceView, choice: Choice
+) -> VirtualServer:
+    flags = ServiceFlags(int(choice.flags))
+    if svc.affinity_timeout:
+        flags |= ServiceFlags.PERSISTENT
+    return VirtualServer(
+        VSKey(front.address, front.port, port.protocol),
+        scheduler=choice.scheduler,
+        flags=flags,
+        timeout_s=svc.affinity_timeout,
+    )
+
+
+def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> _Backends:
+    """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
+    found: dict[tuple[IPAddress, int], EndpointView] = {}
+    for s in slices:
+        numbers = [p.port for p in s.ports if p.name == port.name and p.protocol == port.protocol]
+        for number in numbers[:1]:
+            for ep in s.endpoints:
+                seen = found.get((ep.address, number))
+                if seen is None or (ep.ready and not seen.ready):  # a duplicate: prefer ready
+                    found[(ep.address, number)] = ep
+    return [(ep, number) for (_, number), ep in found.items()]
+
+
+def _real_servers(
+    backends: _Backends, front: _Frontend, svc: ServiceView, node_name: str
+) -> list[RealServer]:
+    local = svc.external_local if front.external else svc.internal_local
+    candidates = [
+        (ep, n)
+        for ep, n in backends
+        if ep.address.version == front.address.version and (not local or ep.node_name == node_name)
+    ]
+    usable = [(ep, n) for ep, n in candidates if ep.ready]
+    if not usable:  # upstream: fall back to serving-and-terminating endpoints
+        usable = [(ep, n) for ep, n in candidates if ep.serving and ep.terminating]
+    return [RealServer(RSKey(ep.address, n)) for ep, n in usable]
+
+
+class _Builder:
+    """Accumulates virtual servers; the first Service (by namespace/name) to claim a key wins."""
+
+    def __init__(self) -> None:
+        self.services: dict[VSKey, VirtualServer] = {}
+        self.dests: dict[VSKey, dict[RSKey, RealServer]] = {}
+        self.bound: set[IPAddress] = set()
+        self.origins: dict[VSKey, str] = {}
+        self.warnings: list[str] = []
+
+    def add(self, vs: VirtualServer, rss: list[RealServer], *, bind: bool, origin: str) -> None:
+        owner = self.origins.get(vs.key)
+        if owner is not None:
+            if owner != origin:  # the same Service listing an IP twice is harmless
+                self.warnings.append(f"Service {origin}: {vs.key} is already used by {owner}")
+            return
+        self.services[vs.key] = vs
+        self.dests[vs.key] = {rs.key: rs for rs in rss}
+        self.origins[vs.key] = origin
+        if bind:
+            self.bound.add(vs.key.address)
+
+    def build(self) -> Desired:
+        state = IpvsState(self.services, self.dests, frozenset(self.bound))
+        return Desired(state, self.origins, tuple(self.warnings))

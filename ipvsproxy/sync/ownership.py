@@ -1,0 +1,54 @@
+"""Which virtual servers ipvsproxy may change or delete: the precise rule.
+
+A virtual server is ipvsproxy's when it is wanted now (its key is in the desired state), or
+when all of these hold:
+  1. it is an address/port/protocol service (firewall-mark services are never ours);
+  2. its address is in no `--ipvs-exclude-cidrs` range;
+  3. and one of:
+     a. its address is bound on ipvsproxy's dummy device, or is about to be (every ClusterIP,
+        externalIP and LoadBalancer IP of a Service lives there; the device is ipvsproxy's);
+     b. its address is inside a `--service-cidr` range (the cluster's Service VIP ranges);
+     c. its address is one of this node's NodePort addresses and its port is inside
+        `--service-node-port-range` (default 30000-32767).
+Everything else (keepalived's VIPs, an administrator's `ipvsadm -A`, fwmark services) is
+foreign: never updated, never deleted, destinations never touched.
+
+Imports: config, model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ipvsproxy.config import Config, IPNetwork
+from ipvsproxy.model import IPAddress, VSKey
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    service_cidrs: tuple[IPNetwork, ...] = ()
+    exclude_cidrs: tuple[IPNetwork, ...] = ()
+    nodeport_addresses: frozenset[IPAddress] = frozenset()
+    nodeport_range: tuple[int, int] = (30000, 32767)
+
+    def claims(self, key: VSKey, bound: frozenset[IPAddress]) -> bool:
+        """Whether an existing virtual server that is not desired is ipvsproxy's to delete."""
+        address = key.address
+        if key.fwmark or any(address in net for net in self.exclude_cidrs):
+            return False
+        if address in bound or any(address in net for net in self.service_cidrs):
+            return True
+        low, high = self.nodeport_range
+        return address in self.nodeport_addresses and low <= key.port <= high
+
+
+def ownership_for(config: Config, node_addresses: tuple[IPAddress, ...]) -> Ownership:
+    """The ownership rule for this node and configuration."""
+    return Ownership(
+        service_cidrs=config.service_cidrs,
+        exclude_cidrs=config.exclude_cidrs,
+        nodeport_addresses=frozenset(
+            a for a in node_addresses if config.selects_nodeport_address(a)
+        ),
+        nodeport_range=config.nodeport_range,
+    )
