@@ -8,7 +8,7 @@ Imports: everything below it; never click.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,14 @@ class DiffResult:
 
 def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, api.NodeView]:
     """Parse manifests and translate them for this node."""
-    parsed = api.parse_objects(manifests.load(paths))
+    return desired_from_objects(manifests.load(paths), config)
+
+
+def desired_from_objects(
+    objects: Iterable[api.RawObject], config: Config
+) -> tuple[Desired, api.NodeView]:
+    """Parse raw API objects and translate them for this node (`config.node_name`)."""
+    parsed = api.parse_objects(objects)
     node = next((n for n in parsed.nodes if n.name == config.node_name), None)
     warnings = list(parsed.warnings)
     if node is None:

@@ -150,7 +150,7 @@ def diff(
     config = make_config(opts)
     result = agent.diff(config, manifest_paths=manifest_paths, kernel_state=kernel_state)
     for warning in result.warnings:
-        log.warning("%s", warning)
+        click.echo(f"warning: {warning}", err=True)
     if output == "json":
         click.echo(to_json(result.lines, warnings=result.warnings, notes=result.notes), nl=False)
     else:

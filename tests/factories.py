@@ -1,0 +1,95 @@
+"""Raw Kubernetes objects as the API serves them, for table-driven tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipvsproxy.agent import desired_from_objects
+from ipvsproxy.config import Config, parse_cidrs
+from ipvsproxy.sync.desired import Desired
+
+
+def port(name="http", number=80, protocol="TCP", target: Any = 8080, node_port=None):
+    p: dict[str, Any] = {"name": name, "port": number, "targetPort": target}
+    if protocol is not None:
+        p["protocol"] = protocol
+    if node_port is not None:
+        p["nodePort"] = node_port
+    return p
+
+
+def service(
+    name="web",
+    *,
+    ns="default",
+    type="ClusterIP",
+    cluster_ips=("10.96.0.10",),
+    ports=None,
+    annotations=None,
+    labels=None,
+    status=None,
+    **spec: Any,
+):
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if annotations:
+        meta["annotations"] = annotations
+    if labels:
+        meta["labels"] = labels
+    body: dict[str, Any] = {"type": type, "ports": [port()] if ports is None else list(ports)}
+    if cluster_ips:
+        body["clusterIP"] = cluster_ips[0]
+        body["clusterIPs"] = list(cluster_ips)
+    body.update(spec)
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": body}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def ep(address, *, ready=True, serving=None, terminating=None, node="node-a"):
+    cond: dict[str, Any] = {"ready": ready}
+    if serving is not None:
+        cond["serving"] = serving
+    if terminating is not None:
+        cond["terminating"] = terminating
+    e: dict[str, Any] = {"addresses": [address], "conditions": cond}
+    if node:
+        e["nodeName"] = node
+    return e
+
+
+def slice_(
+    service_name="web",
+    *,
+    name=None,
+    ns="default",
+    family="IPv4",
+    ports=(("http", 8080, "TCP"),),
+    endpoints=(),
+    labels=None,
+):
+    lab = {"kubernetes.io/service-name": service_name} if labels is None else labels
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name or f"{service_name}-abcde", "namespace": ns, "labels": lab},
+        "addressType": family,
+        "ports": [{"name": n, "port": p, "protocol": pr} for n, p, pr in ports],
+        "endpoints": list(endpoints),
+    }
+
+
+def node(name="node-a", addresses=("192.168.0.10",)):
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": a} for a in addresses]},
+    }
+
+
+def translate(*objects, node_name="node-a", **config: Any) -> Desired:
+    if "nodeport_cidrs" in config:
+        config["nodeport_cidrs"] = parse_cidrs(config["nodeport_cidrs"], option="test")
+    desired, _ = desired_from_objects(list(objects), Config(node_name=node_name, **config))
+    return desired

@@ -1,0 +1,118 @@
+"""`ipvsproxy diff`: readable and JSON output, exit codes 0/1/2, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ipvsproxy.agent import desired_from_manifests
+from ipvsproxy.cli import main
+from ipvsproxy.config import Config
+from ipvsproxy.ipvsadm import render_save
+
+ROOT = Path(__file__).parent.parent
+EXAMPLE = ROOT / "examples"
+STATE = EXAMPLE / "kernel-state.txt"
+NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_diff_readable_plan_and_exit_1():
+    result = run("diff", "--manifests", str(EXAMPLE), "--kernel-state", str(STATE), *NODE)
+    assert result.exit_code == 1, result.output
+    out = result.stdout
+    assert "~ ipvsadm -E -t 10.96.0.10:80 -s rr" in out
+    assert "# demo/web:http (was: -t 10.96.0.10:80 -s wlc)" in out
+    assert "+ ipvsadm -A -t 172.31.0.10:30080 -s rr -p 600" in out
+    assert "- ipvsadm -d -t 10.96.0.10:80 -r 10.244.1.9:8000" in out
+    assert "- ipvsadm -D -t 10.96.0.99:8080" in out
+    # foreign: keepalived-style VIP and a fwmark service are never in the plan
+    assert "192.168.7.100" not in out
+    assert "-f 100" not in out
+    assert out.strip().splitlines()[-1].startswith("Plan: 30 to add, 1 to change, 2 to delete")
+    assert "demo/signalling" in result.stderr
+    assert "'fastest'" in result.stderr
+
+
+def test_diff_json():
+    result = run(
+        "diff", "-o", "json", "--manifests", str(EXAMPLE), "--kernel-state", str(STATE), *NODE
+    )
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["in_sync"] is False
+    assert doc["summary"]["add-service"] == 11
+    assert doc["summary"]["delete-service"] == 1
+    first = doc["operations"][0]
+    assert first == {
+        "op": "update-service",
+        "command": "ipvsadm -E -t 10.96.0.10:80 -s rr",
+        "cause": "demo/web:http",
+        "before": "-t 10.96.0.10:80 -s wlc",
+    }
+    assert any("fastest" in w for w in doc["warnings"])
+
+
+def test_diff_in_sync_exits_0(tmp_path):
+    desired, _ = desired_from_manifests([EXAMPLE], Config(node_name="node-a"))
+    saved = tmp_path / "saved.txt"
+    saved.write_text(render_save(desired.state))
+    result = run("diff", "--manifests", str(EXAMPLE), "--kernel-state", str(saved), *NODE)
+    assert result.exit_code == 0, result.output
+    assert "In sync: no changes." in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kernel-state", "/nonexistent"], "cannot read"),
+        (["--scheduler", "fastest"], "--scheduler: 'fastest' is not an IPVS scheduler"),
+        (["--nodeport-addresses", "10.0.0.0/33"], "--nodeport-addresses: '10.0.0.0/33'"),
+        (["--service-node-port-range", "3-2"], "--service-node-port-range"),
+        ([], "--kernel-state FILE is required"),
+    ],
+)
+def test_diff_errors_exit_2_with_one_clear_line(args, message):
+    state = [] if "--kernel-state" in args or not args else ["--kernel-state", str(STATE)]
+    result = run("diff", "--manifests", str(EXAMPLE), *state, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_diff_bad_manifest_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Service\nmetadata: {name: x\n")
+    result = run("diff", "--manifests", str(bad), "--kernel-state", str(STATE))
+    assert result.exit_code == 2
+    assert "bad.yaml: invalid YAML" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_diff_bad_kernel_state_exits_2(tmp_path):
+    bad = tmp_path / "state.txt"
+    bad.write_text("-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.1:80 -r nonsense -m\n")
+    result = run("diff", "--manifests", str(EXAMPLE), "--kernel-state", str(bad))
+    assert result.exit_code == 2
+    assert "line 2" in result.stderr
+
+
+def test_malformed_object_in_manifests_is_a_warning_not_an_error(tmp_path):
+    (tmp_path / "svc.yaml").write_text(
+        "kind: Service\nmetadata: {name: bad, namespace: x}\n"
+        "spec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n---\n"
+        "kind: Service\nmetadata: {name: good, namespace: x}\n"
+        "spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n"
+    )
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    result = run("diff", "--manifests", str(tmp_path / "svc.yaml"), "--kernel-state", str(empty))
+    assert result.exit_code == 1
+    assert "ipvsadm -A -t 10.96.0.2:80 -s rr  # x/good:80" in result.stdout
+    assert "skipping malformed Service x/bad: spec.ports[0].port 0" in result.stderr

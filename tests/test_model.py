@@ -1,0 +1,96 @@
+"""transition(): the kernel's semantics, which FakeKernel executes."""
+
+from __future__ import annotations
+
+from ipaddress import ip_address
+
+import pytest
+
+from ipvsproxy.errors import AlreadyExists, NotFound
+from ipvsproxy.model import (
+    EMPTY,
+    AddDest,
+    AddService,
+    BindAddress,
+    DeleteDest,
+    DeleteService,
+    Proto,
+    RealServer,
+    RSKey,
+    UnbindAddress,
+    UpdateDest,
+    UpdateService,
+    VirtualServer,
+    VSKey,
+    parse_host_port,
+    transition,
+)
+from ipvsproxy.schedulers import Scheduler
+from ipvsproxy.testing import FakeKernel
+
+KEY = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
+VS = VirtualServer(KEY)
+RS = RealServer(RSKey(ip_address("10.244.1.1"), 8080))
+
+
+def test_add_then_delete_service_drops_its_destinations():
+    s = transition(transition(EMPTY, AddService(VS)), AddDest(KEY, RS))
+    assert s.dests[KEY] == {RS.key: RS}
+    s = transition(s, DeleteService(KEY))
+    assert s.services == {}
+    assert s.dests == {}
+
+
+@pytest.mark.parametrize(
+    ("ops", "error"),
+    [
+        ([AddService(VS), AddService(VS)], AlreadyExists),
+        ([UpdateService(VS)], NotFound),
+        ([DeleteService(KEY)], NotFound),
+        ([AddDest(KEY, RS)], NotFound),
+        ([AddService(VS), AddDest(KEY, RS), AddDest(KEY, RS)], AlreadyExists),
+        ([AddService(VS), UpdateDest(KEY, RS)], NotFound),
+        ([AddService(VS), DeleteDest(KEY, RS.key)], NotFound),
+        ([BindAddress(KEY.address), BindAddress(KEY.address)], AlreadyExists),
+        ([UnbindAddress(KEY.address)], NotFound),
+    ],
+)
+def test_transition_fails_like_the_kernel(ops, error):
+    state = EMPTY
+    for op in ops[:-1]:
+        state = transition(state, op)
+    with pytest.raises(error):
+        transition(state, ops[-1])
+
+
+def test_update_changes_settings_in_place():
+    s = transition(transition(EMPTY, AddService(VS)), AddDest(KEY, RS))
+    sh = VirtualServer(KEY, Scheduler.SH)
+    drained = RealServer(RS.key, weight=0)
+    s = transition(transition(s, UpdateService(sh)), UpdateDest(KEY, drained))
+    assert s.services[KEY] == sh
+    assert s.dests[KEY] == {RS.key: drained}
+
+
+def test_fake_kernel_reports_failures_per_op_and_goes_on():
+    kernel = FakeKernel()
+    other = VirtualServer(VSKey(ip_address("10.96.0.11"), 80, Proto.TCP))
+    kernel.errors[AddService(other)] = NotFound("injected")
+    report = kernel.apply([AddDest(KEY, RS), AddService(other), AddService(VS)])
+    assert [type(f.error) for f in report.failures] == [NotFound, NotFound]
+    assert report.applied == 1
+    assert kernel.applied == [AddService(VS)]
+    assert set(kernel.state.services) == {KEY}
+
+
+def test_keys_of_both_families_sort_ipv4_first():
+    v6 = VSKey(ip_address("::1"), 1, Proto.TCP)
+    v4 = VSKey(ip_address("255.255.255.255"), 1, Proto.TCP)
+    assert sorted([v6, v4]) == [v4, v6]
+    assert str(v6) == "TCP [::1]:1"
+
+
+@pytest.mark.parametrize("text", ["10.0.0.1", "[::1]80", "::1:80", "10.0.0.1:70000", "x:1"])
+def test_parse_host_port_rejects(text):
+    with pytest.raises(ValueError):  # noqa: PT011
+        parse_host_port(text)
