@@ -280,3 +280,23 @@ def parse_host_port(text: str) -> tuple[IPAddress, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port out of range in {text!r}")
     return ip_address(host), number
+
+
+def summary(op: Op) -> str:
+    """A short human description of an operation, for logs and errors."""
+    match op:
+        case AddService(vs) | UpdateService(vs):
+            verb = "add" if isinstance(op, AddService) else "update"
+            return f"{verb} service {vs.key} ({vs.scheduler})"
+        case DeleteService(key):
+            return f"delete service {key}"
+        case AddDest(key, rs) | UpdateDest(key, rs):
+            verb = "add" if isinstance(op, AddDest) else "update"
+            return f"{verb} destination {rs.key} (weight {rs.weight}) of {key}"
+        case DeleteDest(key, rs_key):
+            return f"delete destination {rs_key} of {key}"
+        case BindAddress(address):
+            return f"bind {address}"
+        case UnbindAddress(address):
+            return f"unbind {address}"
+    raise TypeError(f"not an operation: {op!r}")  # pragma: no cover

@@ -1,0 +1,156 @@
+"""One persistent generic-netlink socket to the kernel's IPVS family, with batched writes.
+
+Why hand-written (see codec.py for the encoding side): a sync writes thousands of requests.
+`ipvsadm -R` opens a socket and resolves the family per line; one request+ack at a time
+costs a round trip each. Here many requests go out in one `send()` (up to BATCH_BYTES), the
+ack flag set only on the last one: the kernel processes them in order and answers every
+failed request with an NLMSG_ERROR carrying its sequence number, so each failure maps back
+to its operation. Measured in the IPVS VM: 0.18-0.22x the time of `ipvsadm -R`.
+
+Dumps cannot be batched: one dump may be in flight per socket (EBUSY otherwise).
+
+Imports: codec, errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import Sequence
+
+from ipvsproxy.errors import KernelError, KernelUnavailable
+from ipvsproxy.netlink import codec
+
+NETLINK_GENERIC = 16
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
+BATCH_BYTES = 256 * 1024
+RCVBUF = 32 * 1024 * 1024
+SNDBUF = 8 * 1024 * 1024
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+
+
+class GenlSocket:
+    """Requests and dumps for one generic-netlink family (here: "IPVS")."""
+
+    def __init__(self, family_name: str = "IPVS") -> None:
+        try:
+            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
+        except OSError as exc:
+            raise KernelUnavailable(f"cannot open a generic netlink socket: {exc}") from exc
+        self._buffers()
+        self._sock.bind((0, 0))
+        self._seq = 0
+        self._recv = bytearray(4 * 1024 * 1024)
+        self.family = self._resolve(family_name)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _buffers(self) -> None:
+        for force, plain, size in (
+            (SO_RCVBUFFORCE, socket.SO_RCVBUF, RCVBUF),
+            (SO_SNDBUFFORCE, socket.SO_SNDBUF, SNDBUF),
+        ):
+            try:  # needs CAP_NET_ADMIN; fall back to what the sysctl maximum allows
+                self._sock.setsockopt(socket.SOL_SOCKET, force, size)
+            except OSError:
+                self._sock.setsockopt(socket.SOL_SOCKET, plain, size)
+        with contextlib.suppress(OSError):  # older kernels: full acks, still correct
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
+        return self._seq
+
+    def _resolve(self, name: str) -> int:
+        seq = self._next_seq()
+        self._sock.send(codec.getfamily_request(name, seq=seq))
+        for kind, _, _, payload in self._replies(seq):
+            if kind == codec.NLMSG_ERROR:
+                code = codec.error_code(payload)
+                if code == errno.ENOENT:
+                    raise KernelUnavailable(
+                        f"the kernel has no {name} (generic netlink family {name!r} not found;"
+                        " is the ip_vs module loaded?)"
+                    )
+                raise KernelUnavailable(f"resolving family {name!r}: {os_error(code)}")
+            found = codec.genl_attrs(payload)
+            if codec.CTRL_ATTR_FAMILY_ID in found:
+                return codec.u16(found[codec.CTRL_ATTR_FAMILY_ID])
+        raise KernelUnavailable(f"no answer resolving generic netlink family {name!r}")
+
+    def _replies(self, last_seq: int) -> list[tuple[int, int, int, memoryview]]:
+        """Messages up to and including the final answer to `last_seq` (error/ack or DONE)."""
+        out = []
+        while True:
+            size = self._sock.recv_into(self._recv)
+            data = bytes(self._recv[:size])
+            for kind, flags, seq, payload in codec.messages(data):
+                out.append((kind, flags, seq, payload))
+                if seq == last_seq and (
+                    kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE) or not flags & codec.NLM_F_MULTI
+                ):
+                    return out
+
+    def batch(self, requests: Sequence[tuple[int, bytes]]) -> list[int]:
+        """Send (command, attributes) requests in order; the errno of each (0 = done)."""
+        results = [0] * len(requests)
+        for chunk in _chunks(requests, BATCH_BYTES):
+            seqs: dict[int, int] = {}
+            parts = []
+            for n, index in enumerate(chunk):
+                cmd, attrs = requests[index]
+                seq = self._next_seq()
+                seqs[seq] = index
+                ack = codec.NLM_F_ACK if n == len(chunk) - 1 else 0
+                parts.append(
+                    codec.message(self.family, cmd, attrs, seq=seq, flags=codec.NLM_F_REQUEST | ack)
+                )
+            self._sock.send(b"".join(parts))
+            for kind, _, seq, payload in self._replies(self._seq):
+                if kind == codec.NLMSG_ERROR and seq in seqs:
+                    results[seqs[seq]] = codec.error_code(payload)
+        return results
+
+    def request(self, cmd: int, attrs: bytes) -> None:
+        """One request; KernelError if the kernel refuses it."""
+        (code,) = self.batch([(cmd, attrs)])
+        if code:
+            raise KernelError(os_error(code))
+
+    def dump(self, cmd: int, attrs: bytes = b"") -> list[memoryview]:
+        """All messages of a dump, as genl payloads."""
+        seq = self._next_seq()
+        flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
+        self._sock.send(codec.message(self.family, cmd, attrs, seq=seq, flags=flags))
+        out = []
+        for kind, _, _, payload in self._replies(seq):
+            if kind == codec.NLMSG_ERROR:
+                code = codec.error_code(payload)
+                if code:
+                    raise KernelError(f"dump failed: {os_error(code)}")
+            elif kind != codec.NLMSG_DONE:
+                out.append(payload)
+        return out
+
+
+def _chunks(requests: Sequence[tuple[int, bytes]], limit: int) -> list[list[int]]:
+    """Indices of requests grouped so each group's messages fit in about `limit` bytes."""
+    chunks: list[list[int]] = [[]]
+    size = 0
+    for index, (_, attrs) in enumerate(requests):
+        length = len(attrs) + 20
+        if chunks[-1] and size + length > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(index)
+        size += length
+    return [c for c in chunks if c]
+
+
+def os_error(code: int) -> str:
+    """`ESRCH (No such process)` for an errno."""
+    return f"{errno.errorcode.get(code, str(code))} ({os.strerror(code)})"

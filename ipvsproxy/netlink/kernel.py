@@ -1,0 +1,149 @@
+"""`NetlinkKernel`: the IPVS backend of the `Kernel` interface.
+
+observe(): one service dump, one destination dump per service, and the dummy device's
+addresses. apply(): consecutive IPVS operations go to the kernel as one batch (see genl.py);
+address operations go through pyroute2. Kernel errnos become the project's errors here,
+per operation, so one refused operation never stops the rest of a sync.
+
+Imports: codec, genl, links, model, kernel, errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Mapping, Sequence
+from itertools import groupby
+
+from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
+from ipvsproxy.kernel import ApplyReport, Failure, Kernel
+from ipvsproxy.model import (
+    AddService,
+    BindAddress,
+    IpvsState,
+    Op,
+    RealServer,
+    RSKey,
+    UnbindAddress,
+    UpdateService,
+    VirtualServer,
+    VSKey,
+    summary,
+)
+from ipvsproxy.netlink import codec
+from ipvsproxy.netlink.genl import GenlSocket, os_error
+from ipvsproxy.netlink.links import DummyDevice
+
+log = logging.getLogger(__name__)
+
+
+class NetlinkKernel:
+    """IPVS over generic netlink, VIPs on a dummy device."""
+
+    def __init__(self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None) -> None:
+        self._genl = genl or GenlSocket()
+        self._device = DummyDevice(device)
+
+    def close(self) -> None:
+        self._genl.close()
+        self._device.close()
+
+    def __enter__(self) -> NetlinkKernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- observe ------------------------------------------------------------------------
+
+    def services(self) -> dict[VSKey, VirtualServer]:
+        out = {}
+        for payload in self._genl.dump(codec.CMD_GET_SERVICE):
+            nested = codec.genl_attrs(payload).get(codec.CMD_ATTR_SERVICE)
+            if nested is None:
+                continue
+            try:
+                vs = codec.decode_service(nested)
+            except (ValueError, KeyError) as exc:  # a scheduler or protocol we do not model
+                log.debug("ignoring an IPVS service ipvsproxy cannot model: %s", exc)
+                continue
+            out[vs.key] = vs
+        return out
+
+    def destinations(self, key: VSKey) -> list[tuple[RealServer, int, int]]:
+        """Destinations of one service with their active and inactive connection counts."""
+        request = codec.nest(codec.CMD_ATTR_SERVICE, codec.service_key_attrs(key))
+        af = codec.family_af(key)
+        out = []
+        for payload in self._genl.dump(codec.CMD_GET_DEST, request):
+            nested = codec.genl_attrs(payload).get(codec.CMD_ATTR_DEST)
+            if nested is not None:
+                out.append(codec.decode_dest(nested, af))
+        return out
+
+    def observe(self) -> IpvsState:
+        services = self.services()
+        dests = {key: {rs.key: rs for rs, _, _ in self.destinations(key)} for key in services}
+        return IpvsState(services, dests, self._device.addresses())
+
+    def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
+        """(active, inactive) connections per destination of a service."""
+        return {rs.key: (active, inactive) for rs, active, inactive in self.destinations(key)}
+
+    # ---- apply --------------------------------------------------------------------------
+
+    def apply(self, plan: Sequence[Op]) -> ApplyReport:
+        failures: list[Failure] = []
+        for is_address, run in groupby(plan, key=lambda op: isinstance(op, _ADDRESS_OPS)):
+            ops = list(run)
+            if is_address:
+                failures += self._apply_addresses(ops)
+            else:
+                requests = [codec.encode_op(op) for op in ops]  # type: ignore[arg-type]
+                codes = self._genl.batch(requests)
+                failures += [
+                    Failure(op, to_error(op, c)) for op, c in zip(ops, codes, strict=True) if c
+                ]
+        return ApplyReport(applied=len(plan) - len(failures), failures=tuple(failures))
+
+    def _apply_addresses(self, ops: list[Op]) -> list[Failure]:
+        failures = []
+        for op in ops:
+            try:
+                if isinstance(op, BindAddress):
+                    self._device.bind(op.address)
+                elif isinstance(op, UnbindAddress):
+                    self._device.unbind(op.address)
+            except KernelError as err:
+                failures.append(Failure(op, err))
+        return failures
+
+    def set_timeouts(self, *, tcp: int = 0, tcp_fin: int = 0, udp: int = 0) -> None:
+        """IPVS connection timeouts in seconds; 0 leaves one unchanged."""
+        if tcp or tcp_fin or udp:
+            self._genl.request(codec.CMD_SET_CONFIG, codec.timeouts_attrs(tcp, tcp_fin, udp))
+
+    def remove_device(self) -> bool:
+        return self._device.delete()
+
+
+_ADDRESS_OPS = (BindAddress, UnbindAddress)
+
+
+def to_error(op: Op, code: int) -> KernelError:
+    """The project's error for an errno the kernel returned for `op`."""
+    text = f"{summary(op)}: {os_error(code)}"
+    if code == errno.EEXIST:
+        return AlreadyExists(text)
+    if code == errno.ENOENT and isinstance(op, AddService | UpdateService):
+        # ip_vs_ctl.c: ENOENT from NEW/SET_SERVICE means the scheduler module is missing
+        return Unsupported(f"{text}: scheduler module ip_vs_{op.vs.scheduler} not available")
+    if code in (errno.ESRCH, errno.ENOENT):
+        return NotFound(text)
+    if code in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT, errno.EOPNOTSUPP):
+        return Unsupported(text)
+    return KernelError(text)
+
+
+def _conforms() -> Kernel:
+    return NetlinkKernel()
