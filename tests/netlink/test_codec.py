@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from ipaddress import ip_address
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,7 +29,7 @@ from tests.strategies import virtual_servers
 FAMILY = 0x1D
 
 
-def pyroute2_bytes(cmd: int, attrs: list, seq: int = 7, flags: int = 5) -> bytes:
+def pyroute2_bytes(cmd: int, attrs: list[Any], seq: int = 7, flags: int = 5) -> bytes:
     msg = ipvsmsg()
     msg["cmd"] = cmd
     msg["version"] = 1
@@ -40,7 +41,7 @@ def pyroute2_bytes(cmd: int, attrs: list, seq: int = 7, flags: int = 5) -> bytes
     return bytes(msg.data)
 
 
-def service_nla(vs: VirtualServer) -> list:
+def service_nla(vs: VirtualServer) -> list[Any]:
     af = socket.AF_INET6 if vs.key.address.version == 6 else socket.AF_INET
     return [
         ("IPVS_SVC_ATTR_AF", af),
