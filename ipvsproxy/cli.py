@@ -1,13 +1,15 @@
 """The command line: parse options into a `Config`, call the agent, map errors to exit codes.
 
 Exit codes are API: `diff` exits 0 in sync, 1 with changes pending, 2 on any error (with a
-one-line message, never a traceback).
+one-line message, never a traceback). `run` exits 0 when every operation was applied, 1 when
+some failed, 2 on bad input, 3 when it cannot start (no usable kernel backend).
 
 Imports: click (only here), config, agent, errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -19,10 +21,12 @@ import click
 
 from ipvsproxy import __version__, agent
 from ipvsproxy.config import Config, parse_cidrs, parse_port_range, parse_scheduler
-from ipvsproxy.errors import IpvsproxyError
+from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelUnavailable
 from ipvsproxy.sync.render import render_text, to_json
 
+EXIT_FAILED_OPS = 1
 EXIT_ERROR = 2
+EXIT_STARTUP_FAILURE = 3
 log = logging.getLogger("ipvsproxy")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,6 +105,9 @@ def errors_to_exit(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except KernelUnavailable as exc:
+            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            sys.exit(EXIT_STARTUP_FAILURE if func.__name__ == "run" else EXIT_ERROR)
         except IpvsproxyError as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_ERROR)
@@ -135,7 +142,8 @@ def main(log_level: str) -> None:
 @click.option(
     "--kernel-state",
     type=click.Path(path_type=Path),
-    help="Observed IPVS table: a file with the output of `ipvsadm-save -n`.",
+    help="Observed IPVS table: a file with the output of `ipvsadm-save -n` "
+    "(default: read the live kernel; needs root and IPVS).",
 )
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
 @node_options
@@ -156,3 +164,40 @@ def diff(
     else:
         click.echo(render_text(result.lines, notes=result.notes), nl=False)
     sys.exit(result.exit_code)
+
+
+@main.command()
+@click.option(
+    "--manifests",
+    "manifest_paths",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path),
+    help="YAML/JSON files or directories with Services, EndpointSlices and Nodes (repeatable).",
+)
+@click.option("--once", is_flag=True, help="Sync once, then exit (0: all applied, 1: failures).")
+@click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
+@click.option("--tcp-timeout", type=click.IntRange(min=0), default=0, help="IPVS TCP timeout, s.")
+@click.option("--tcp-fin-timeout", type=click.IntRange(min=0), default=0, help="... TCP FIN, s.")
+@click.option("--udp-timeout", type=click.IntRange(min=0), default=0, help="IPVS UDP timeout, s.")
+@node_options
+@errors_to_exit
+def run(manifest_paths: tuple[Path, ...], once: bool, **opts: Any) -> None:
+    """Program the kernel's IPVS table from Services and EndpointSlices."""
+    if not once:
+        raise ConfigError(
+            "only --once is available in this version: the long-running loop and the "
+            "Kubernetes API source (--kubeconfig) are not implemented yet"
+        )
+    timing = {
+        k: opts.pop(k) for k in ("strict_arp", "tcp_timeout", "tcp_fin_timeout", "udp_timeout")
+    }
+    config = dataclasses.replace(make_config(opts), **timing)
+    result = agent.run_once(config, manifest_paths=manifest_paths)
+    click.echo(
+        f"applied {result.report.applied} of {len(result.plan)} operations"
+        + (f", {len(result.report.failures)} failed" if result.report.failures else "")
+    )
+    for failure in result.report.failures:
+        click.echo(f"failed: {failure.error}", err=True)
+    sys.exit(EXIT_FAILED_OPS if result.report.failures else 0)

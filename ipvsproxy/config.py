@@ -33,6 +33,10 @@ class Config:
     exclude_cidrs: tuple[IPNetwork, ...] = ()  # never touched, whatever else says
     nodeport_range: tuple[int, int] = DEFAULT_NODEPORT_RANGE
     dummy_device: str = "kube-ipvs0"
+    strict_arp: bool = False
+    tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
+    tcp_fin_timeout: int = 0
+    udp_timeout: int = 0
 
     def selects_nodeport_address(self, address: IPAddress) -> bool:
         """Whether NodePorts listen on this node address (`--nodeport-addresses`)."""

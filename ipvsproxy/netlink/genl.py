@@ -40,11 +40,15 @@ class GenlSocket:
             self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
         except OSError as exc:
             raise KernelUnavailable(f"cannot open a generic netlink socket: {exc}") from exc
-        self._buffers()
-        self._sock.bind((0, 0))
         self._seq = 0
         self._recv = bytearray(4 * 1024 * 1024)
-        self.family = self._resolve(family_name)
+        try:
+            self._buffers()
+            self._sock.bind((0, 0))
+            self.family = self._resolve(family_name)
+        except BaseException:
+            self._sock.close()
+            raise
 
     def close(self) -> None:
         self._sock.close()

@@ -48,19 +48,25 @@ class DummyDevice:
 
     def addresses(self) -> frozenset[IPAddress]:
         """Addresses bound to the device (none when it does not exist)."""
+        self._index = None  # the device may have been removed or re-created behind our back
         index = self.index(create=False)
         if index is None:
             return frozenset()
         return frozenset(ip_address(m.get("IFA_ADDRESS")) for m in self._ipr.get_addr(index=index))
 
     def bind(self, address: IPAddress) -> None:
-        index = self.index(create=True)
         prefix = 32 if address.version == 4 else 128
         flags = {"flags": IFA_F_NODAD} if address.version == 6 else {}
-        try:
-            self._ipr.addr("add", index=index, address=str(address), prefixlen=prefix, **flags)
-        except NetlinkError as exc:
-            raise _mapped(exc, f"bind {address} to {self.name}") from exc
+        for attempt in (1, 2):
+            index = self.index(create=True)
+            try:
+                self._ipr.addr("add", index=index, address=str(address), prefixlen=prefix, **flags)
+                return
+            except NetlinkError as exc:
+                if exc.code == errno.ENODEV and attempt == 1:
+                    self._index = None  # deleted since we looked it up: create it again
+                    continue
+                raise _mapped(exc, f"bind {address} to {self.name}") from exc
 
     def unbind(self, address: IPAddress) -> None:
         index = self.index(create=False)

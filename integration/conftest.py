@@ -1,0 +1,60 @@
+"""Real-kernel tests. Run inside the IPVS VM by scripts/vm-test (the README's test command).
+
+Every test here needs root and a kernel with IPVS. Elsewhere they skip, except under
+CI=true, where a missing prerequisite is a failure: CI must never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ipvsproxy.schedulers import Scheduler
+
+
+def _missing() -> str:
+    if os.geteuid() != 0:
+        return "needs root"
+    if not Path("/proc/net/ip_vs").exists():
+        return "this kernel has no IPVS (/proc/net/ip_vs missing); run via scripts/vm-test"
+    return ""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ipvs_host() -> None:
+    reason = _missing()
+    if reason and os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but a prerequisite is missing: {reason}", pytrace=False)
+    if reason:
+        pytest.skip(reason)
+
+
+def clean_ipvs(device: str = "kube-ipvs0") -> None:
+    """The VM is throw-away: start every test from an empty IPVS table and no dummy device."""
+    subprocess.run(["ipvsadm", "-C"], check=True)
+    subprocess.run(["ip", "link", "del", device], capture_output=True, check=False)
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    clean_ipvs()
+    yield
+    clean_ipvs()
+
+
+def kernel_missing_schedulers() -> frozenset[Scheduler]:
+    """Schedulers whose module this kernel does not ship (e.g. twos before 6.2)."""
+    release = os.uname().release
+    base = Path(f"/lib/modules/{release}/kernel/net/netfilter/ipvs")
+    return frozenset(
+        s for s in Scheduler if not any(base.glob(f"{s.module}.ko*")) and not _builtin(s)
+    )
+
+
+def _builtin(s: Scheduler) -> bool:
+    builtin = Path(f"/lib/modules/{os.uname().release}/modules.builtin")
+    return builtin.exists() and f"/{s.module}.ko" in builtin.read_text()

@@ -1,0 +1,203 @@
+"""A small network lab for real-traffic tests: namespaces joined by veth pairs, with TCP,
+UDP and (if the kernel has it) SCTP servers, all run by threads of the test process.
+
+Sockets belong to the network namespace they were created in, and setns() switches only the
+calling thread, so the test process briefly enters a namespace to create a socket and then
+uses it from anywhere: no helper processes to start (Python starts slowly under emulation).
+
+Topology (root namespace = the node running ipvsproxy):
+  backend N   ns ipvsp-bN: eth0 10.244.N.2/24, default via 10.244.N.1 (root side vbN)
+  client N    ns ipvsp-cN: eth0 10.250.N.2/24 (+ extra addresses), default via 10.250.N.1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+CLONE_NEWNET = 0x40000000
+PORT = 8000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def sh(*args: str) -> None:
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(args)}: {result.stderr.strip()}")
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@contextlib.contextmanager
+def inside(ns: str) -> Iterator[None]:
+    """Run the block with this thread in network namespace `ns`."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        _setns(target)
+        yield
+    finally:
+        _setns(own)
+        os.close(own)
+        os.close(target)
+
+
+def sctp_available() -> bool:
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP).close()
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Backend:
+    name: str
+    ns: str
+    address: str
+    sockets: list[socket.socket] = field(default_factory=list)
+
+
+class Lab:
+    def __init__(self) -> None:
+        self.backends: list[Backend] = []
+        self.clients: list[str] = []
+        self._links: list[str] = []
+        self._stop = threading.Event()
+
+    # ---- topology -----------------------------------------------------------------------
+
+    def _namespace(self, ns: str, link: str, outside: str, inside_cidr: str) -> None:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self._links.append(link)
+        sh("ip", "addr", "add", outside, "dev", link)
+        sh("ip", "link", "set", link, "up")
+        sh("ip", "-n", ns, "addr", "add", inside_cidr, "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", ns, "route", "add", "default", "via", outside.split("/")[0])
+
+    def add_backend(self) -> Backend:
+        n = len(self.backends) + 1
+        ns, address = f"ipvsp-b{n}", f"10.244.{n}.2"
+        self._namespace(ns, f"vb{n}", f"10.244.{n}.1/24", f"{address}/24")
+        backend = Backend(f"b{n}", ns, address)
+        with inside(ns):
+            tcp = socket.create_server(("0.0.0.0", PORT), backlog=64)
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            udp.bind(("0.0.0.0", PORT))
+            sctp = None
+            if sctp_available():
+                sctp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP)
+                sctp.bind(("0.0.0.0", PORT))
+                sctp.listen(16)
+        for sock, serve in (
+            (tcp, self._serve_stream),
+            (udp, self._serve_udp),
+            (sctp, self._serve_stream),
+        ):
+            if sock is not None:
+                backend.sockets.append(sock)
+                threading.Thread(target=serve, args=(sock, backend.name), daemon=True).start()
+        self.backends.append(backend)
+        return backend
+
+    def add_client(self, extra: int = 0) -> str:
+        n = len(self.clients) + 1
+        ns = f"ipvsp-c{n}"
+        self._namespace(ns, f"vc{n}", f"10.250.{n}.1/24", f"10.250.{n}.2/24")
+        for i in range(extra):
+            sh("ip", "-n", ns, "addr", "add", f"10.250.{n}.{3 + i}/24", "dev", "eth0")
+        self.clients.append(ns)
+        return ns
+
+    def close(self) -> None:
+        self._stop.set()
+        for backend in self.backends:
+            for sock in backend.sockets:
+                sock.close()
+        for ns in [b.ns for b in self.backends] + self.clients:
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        for link in self._links:
+            subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
+
+    # ---- servers: answer with the backend's name ---------------------------------------
+
+    def _serve_stream(self, sock: socket.socket, name: str) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._hold, args=(conn, name), daemon=True).start()
+
+    @staticmethod
+    def _hold(conn: socket.socket, name: str) -> None:
+        """Answer, then keep the connection open until the client closes it."""
+        with conn:
+            try:
+                conn.sendall(name.encode() + b"\n")
+                while conn.recv(64):
+                    pass
+            except OSError:
+                pass
+
+    @staticmethod
+    def _serve_udp(sock: socket.socket, name: str) -> None:
+        while True:
+            try:
+                _, peer = sock.recvfrom(64)
+                sock.sendto(name.encode(), peer)
+            except OSError:
+                return
+
+
+# ---- clients ----------------------------------------------------------------------------
+
+
+def connect(
+    ns: str, vip: str, port: int, *, source: str = "", proto: int = socket.IPPROTO_TCP
+) -> tuple[str, socket.socket]:
+    """Open a stream connection from namespace `ns`; (backend name, the open socket)."""
+    with inside(ns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
+    sock.settimeout(10)
+    if source:
+        sock.bind((source, 0))
+    sock.connect((vip, port))
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(64)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode().strip(), sock
+
+
+def request(
+    ns: str, vip: str, port: int, *, source: str = "", proto: int = socket.IPPROTO_TCP
+) -> str:
+    """One short connection: which backend answered."""
+    name, sock = connect(ns, vip, port, source=source, proto=proto)
+    sock.close()
+    return name
+
+
+def udp_request(ns: str, vip: str, port: int) -> str:
+    with inside(ns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.settimeout(5)
+        sock.sendto(b"?", (vip, port))
+        return sock.recv(64).decode()
