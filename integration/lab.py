@@ -6,7 +6,9 @@ calling thread, so the test process briefly enters a namespace to create a socke
 uses it from anywhere: no helper processes to start (Python starts slowly under emulation).
 
 Topology (root namespace = the node running ipvsproxy):
-  backend N   ns ipvsp-bN: eth0 10.244.N.2/24, default via 10.244.N.1 (root side vbN)
+  backend N   ns ipvsp-bN: eth0 10.244.N.2/24, default via 10.244.N.1 (root side vbN);
+              or, with an explicit address: eth0 ADDRESS/32, a /32 route to it on vbN and
+              proxy ARP there (several pods of one node in one subnet, as in examples/)
   client N    ns ipvsp-cN: eth0 10.250.N.2/24 (+ extra addresses), default via 10.250.N.1
 """
 
@@ -88,30 +90,48 @@ class Lab:
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         sh("ip", "-n", ns, "route", "add", "default", "via", outside.split("/")[0])
 
-    def add_backend(self) -> Backend:
+    def add_backend(self, address: str = "", ports: tuple[int, ...] = (PORT,)) -> Backend:
+        """A backend namespace answering its name on TCP, UDP and SCTP (if available) ports."""
         n = len(self.backends) + 1
-        ns, address = f"ipvsp-b{n}", f"10.244.{n}.2"
-        self._namespace(ns, f"vb{n}", f"10.244.{n}.1/24", f"{address}/24")
+        ns, link = f"ipvsp-b{n}", f"vb{n}"
+        if address:
+            self._host_route_namespace(ns, link, address)
+        else:
+            address = f"10.244.{n}.2"
+            self._namespace(ns, link, f"10.244.{n}.1/24", f"{address}/24")
         backend = Backend(f"b{n}", ns, address)
-        with inside(ns):
-            tcp = socket.create_server(("0.0.0.0", PORT), backlog=64)
+        for number in ports:
+            self._listen(backend, number)
+        self.backends.append(backend)
+        return backend
+
+    def _host_route_namespace(self, ns: str, link: str, address: str) -> None:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self._links.append(link)
+        sh("ip", "link", "set", link, "up")
+        sh("sysctl", "-qw", f"net.ipv4.conf.{link}.proxy_arp=1")
+        sh("ip", "route", "add", f"{address}/32", "dev", link)
+        sh("ip", "-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", ns, "route", "add", "default", "dev", "eth0")
+
+    def _listen(self, backend: Backend, number: int) -> None:
+        with inside(backend.ns):
+            tcp = socket.create_server(("0.0.0.0", number), backlog=64)
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            udp.bind(("0.0.0.0", PORT))
+            udp.bind(("0.0.0.0", number))
             sctp = None
             if sctp_available():
                 sctp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP)
-                sctp.bind(("0.0.0.0", PORT))
+                sctp.bind(("0.0.0.0", number))
                 sctp.listen(16)
-        for sock, serve in (
-            (tcp, self._serve_stream),
-            (udp, self._serve_udp),
-            (sctp, self._serve_stream),
-        ):
+        servers = ((tcp, self._serve_stream), (udp, self._serve_udp), (sctp, self._serve_stream))
+        for sock, serve in servers:
             if sock is not None:
                 backend.sockets.append(sock)
                 threading.Thread(target=serve, args=(sock, backend.name), daemon=True).start()
-        self.backends.append(backend)
-        return backend
 
     def add_client(self, extra: int = 0) -> str:
         n = len(self.clients) + 1
