@@ -66,12 +66,7 @@ class VSKey:
     fwmark: int = 0  # non-zero only for firewall-mark services (never ipvsproxy's own)
 
     def __lt__(self, other: VSKey) -> bool:
-        return (addr_order(self.address), self.port, self.proto, self.fwmark) < (
-            addr_order(other.address),
-            other.port,
-            other.proto,
-            other.fwmark,
-        )
+        return vs_order(self) < vs_order(other)
 
     def __str__(self) -> str:
         if self.fwmark:
@@ -98,7 +93,7 @@ class RSKey:
     port: int
 
     def __lt__(self, other: RSKey) -> bool:
-        return (addr_order(self.address), self.port) < (addr_order(other.address), other.port)
+        return rs_order(self) < rs_order(other)
 
     def __str__(self) -> str:
         return host_port(self.address, self.port)
@@ -259,6 +254,17 @@ def _absent(key: object, where: Container[object], what: str) -> None:
 def addr_order(address: IPAddress) -> tuple[int, int]:
     """Sort key for addresses of both families: IPv4 first, then numeric."""
     return address.version, int(address)
+
+
+def vs_order(key: VSKey) -> tuple[int, int, int, int, int]:
+    """Sort key for virtual servers: `sorted(keys, key=vs_order)` is much faster than
+    `sorted(keys)`, which calls `__lt__` n log n times."""
+    return key.address.version, int(key.address), key.port, key.proto, key.fwmark
+
+
+def rs_order(key: RSKey) -> tuple[int, int, int]:
+    """Sort key for real servers (see vs_order)."""
+    return key.address.version, int(key.address), key.port
 
 
 def host_port(address: IPAddress, port: int) -> str:

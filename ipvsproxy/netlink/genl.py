@@ -18,6 +18,7 @@ import contextlib
 import errno
 import os
 import socket
+import struct
 from collections.abc import Sequence
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
@@ -27,6 +28,7 @@ NETLINK_GENERIC = 16
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
 BATCH_BYTES = 256 * 1024
+_HEADER = struct.Struct("=IHHII")
 RCVBUF = 32 * 1024 * 1024
 SNDBUF = 8 * 1024 * 1024
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
@@ -124,6 +126,26 @@ class GenlSocket:
         (code,) = self.batch([(cmd, attrs)])
         if code:
             raise KernelError(os_error(code))
+
+    def dump_raw(self, cmd: int, attrs: bytes = b"") -> list[bytes]:
+        """The received buffers of a dump, each holding whole messages (the last: DONE)."""
+        seq = self._next_seq()
+        flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
+        self._sock.send(codec.message(self.family, cmd, attrs, seq=seq, flags=flags))
+        chunks = []
+        while True:
+            size = self._sock.recv_into(self._recv)
+            data = bytes(self._recv[:size])
+            chunks.append(data)
+            offset = 0
+            while offset + 16 <= size:
+                length, kind, _, got_seq, _ = _HEADER.unpack_from(data, offset)
+                if got_seq == seq and kind == codec.NLMSG_DONE:
+                    return chunks
+                if got_seq == seq and kind == codec.NLMSG_ERROR:
+                    code = codec.error_code(memoryview(data)[offset + 16 : offset + length])
+                    raise KernelError(f"dump failed: {os_error(code)}")
+                offset += (length + 3) & ~3
 
     def dump(self, cmd: int, attrs: bytes = b"") -> list[memoryview]:
         """All messages of a dump, as genl payloads."""

@@ -30,7 +30,7 @@ from ipvsproxy.model import (
     VSKey,
     summary,
 )
-from ipvsproxy.netlink import codec
+from ipvsproxy.netlink import codec, fast
 from ipvsproxy.netlink.genl import GenlSocket, os_error
 from ipvsproxy.netlink.links import DummyDevice
 
@@ -43,6 +43,8 @@ class NetlinkKernel:
     def __init__(self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None) -> None:
         self._genl = genl or GenlSocket()
         self._device = DummyDevice(device)
+        self._decoder = fast.DestDecoder()
+        self._services = fast.ServiceDecoder()
 
     def close(self) -> None:
         self._genl.close()
@@ -57,33 +59,22 @@ class NetlinkKernel:
     # ---- observe ------------------------------------------------------------------------
 
     def services(self) -> dict[VSKey, VirtualServer]:
-        out = {}
-        for payload in self._genl.dump(codec.CMD_GET_SERVICE):
-            nested = codec.genl_attrs(payload).get(codec.CMD_ATTR_SERVICE)
-            if nested is None:
-                continue
-            try:
-                vs = codec.decode_service(nested)
-            except (ValueError, KeyError) as exc:  # a scheduler or protocol we do not model
-                log.debug("ignoring an IPVS service ipvsproxy cannot model: %s", exc)
-                continue
-            out[vs.key] = vs
-        return out
+        chunks = self._genl.dump_raw(codec.CMD_GET_SERVICE)
+        return {vs.key: vs for vs in self._services.decode(chunks)}
 
     def destinations(self, key: VSKey) -> list[tuple[RealServer, int, int]]:
         """Destinations of one service with their active and inactive connection counts."""
-        request = codec.nest(codec.CMD_ATTR_SERVICE, codec.service_key_attrs(key))
-        af = codec.family_af(key)
-        out = []
-        for payload in self._genl.dump(codec.CMD_GET_DEST, request):
-            nested = codec.genl_attrs(payload).get(codec.CMD_ATTR_DEST)
-            if nested is not None:
-                out.append(codec.decode_dest(nested, af))
-        return out
+        chunks = self._genl.dump_raw(codec.CMD_GET_DEST, fast.service_key_nest(key))
+        return self._decoder.decode(chunks, codec.family_af(key))
 
     def observe(self) -> IpvsState:
         services = self.services()
-        dests = {key: {rs.key: rs for rs, _, _ in self.destinations(key)} for key in services}
+        self._decoder.start_round()
+        dump, mapping = self._genl.dump_raw, self._decoder.mapping
+        dests = {
+            key: mapping(dump(codec.CMD_GET_DEST, fast.service_key_nest(key)), codec.family_af(key))
+            for key in services
+        }
         return IpvsState(services, dests, self._device.addresses())
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
@@ -99,8 +90,7 @@ class NetlinkKernel:
             if is_address:
                 failures += self._apply_addresses(ops)
             else:
-                requests = [codec.encode_op(op) for op in ops]  # type: ignore[arg-type]
-                codes = self._genl.batch(requests)
+                codes = self._genl.batch(fast.encode_ops(ops))  # type: ignore[arg-type]
                 failures += [
                     Failure(op, to_error(op, c)) for op, c in zip(ops, codes, strict=True) if c
                 ]

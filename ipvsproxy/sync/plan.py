@@ -20,6 +20,7 @@ from ipvsproxy.model import (
     BindAddress,
     DeleteDest,
     DeleteService,
+    Dests,
     IpvsState,
     Op,
     UnbindAddress,
@@ -27,6 +28,8 @@ from ipvsproxy.model import (
     UpdateService,
     VSKey,
     addr_order,
+    rs_order,
+    vs_order,
 )
 from ipvsproxy.sync.ownership import Ownership
 
@@ -45,52 +48,44 @@ def plan(
     """
     bound = observed.bound | desired.bound
     doomed = sorted(
-        key
-        for key in observed.services
-        if key not in desired.services and ownership.claims(key, bound)
+        (
+            key
+            for key in observed.services
+            if key not in desired.services and ownership.claims(key, bound)
+        ),
+        key=vs_order,
     )
-    ops: list[Op] = []
+    binds: list[Op] = []
+    unbinds: list[Op] = []
     if manage_addresses:
-        ops += [BindAddress(a) for a in sorted(desired.bound - observed.bound, key=addr_order)]
-    for key in sorted(desired.services):
+        binds = [BindAddress(a) for a in sorted(desired.bound - observed.bound, key=addr_order)]
+        unbinds = [UnbindAddress(a) for a in sorted(observed.bound - desired.bound, key=addr_order)]
+    services: list[Op] = []
+    upserts: list[Op] = []
+    removals: list[Op] = []
+    for key in sorted(desired.services, key=vs_order):
         vs, seen = desired.services[key], observed.services.get(key)
         if seen is None:
-            ops.append(AddService(vs))
+            services.append(AddService(vs))
         elif seen != vs:
-            ops.append(UpdateService(vs))
-    for key in sorted(desired.services):
-        ops += _dest_changes(key, desired, observed)
-    ops += [DeleteService(key) for key in doomed]
-    if manage_addresses:
-        ops += [UnbindAddress(a) for a in sorted(observed.bound - desired.bound, key=addr_order)]
-    return _order(ops)
+            services.append(UpdateService(vs))
+        _dest_changes(key, desired.dests[key], observed.dests.get(key, {}), upserts, removals)
+    deletes: list[Op] = [DeleteService(key) for key in doomed]
+    # Built phase by phase, so no sort is needed: the order is the contract.
+    return (*binds, *services, *upserts, *removals, *deletes, *unbinds)
 
 
-def _dest_changes(key: VSKey, desired: IpvsState, observed: IpvsState) -> list[Op]:
-    want, have = desired.dests[key], observed.dests.get(key, {})
-    ops: list[Op] = []
-    for rs_key in sorted(want):
+def _dest_changes(
+    key: VSKey, want: Dests, have: Dests, upserts: list[Op], removals: list[Op]
+) -> None:
+    if want == have:  # the steady state: nothing to compare one by one
+        return
+    for rs_key in sorted(want, key=rs_order):
         seen = have.get(rs_key)
         if seen is None:
-            ops.append(AddDest(key, want[rs_key]))
+            upserts.append(AddDest(key, want[rs_key]))
         elif seen != want[rs_key]:
-            ops.append(UpdateDest(key, want[rs_key]))
-    ops += [DeleteDest(key, rs_key) for rs_key in sorted(set(have) - set(want))]
-    return ops
-
-
-_PHASE: dict[type, int] = {
-    BindAddress: 0,
-    AddService: 1,
-    UpdateService: 1,
-    AddDest: 2,
-    UpdateDest: 2,
-    DeleteDest: 3,
-    DeleteService: 4,
-    UnbindAddress: 5,
-}
-
-
-def _order(ops: list[Op]) -> Plan:
-    """Phase order, stable within a phase (sorted keys stay sorted)."""
-    return tuple(sorted(ops, key=lambda op: _PHASE[type(op)]))
+            upserts.append(UpdateDest(key, want[rs_key]))
+    extra = have.keys() - want.keys()
+    if extra:
+        removals += [DeleteDest(key, k) for k in sorted(extra, key=rs_order)]

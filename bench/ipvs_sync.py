@@ -1,0 +1,265 @@
+"""Benchmark ipvsproxy's IPVS backend against the practical floor, `ipvsadm -R`.
+
+Run inside the IPVS VM (scripts/bench does that); prints a table. Every cold load happens in
+a fresh network namespace: IPVS state, including the trash list of deleted destinations that
+every destination add scans, is per namespace, so no run pays for another's leftovers. Each
+load is checked against `ipvsadm-save -n` before its time counts. Figures are medians of
+REPEAT runs; compare them only as ratios within one run (the VM emulates every instruction).
+
+  approach                        what is timed
+  ipvsadm -R                      loading the rules file (the floor for a cold apply)
+  ipvsproxy apply (cold)          plan(desired, empty) + NetlinkKernel.apply
+  pyroute2, one call per object   IPVS().service("add")/dest("add") per object (small size)
+  ipvsadm -S -n                   dumping the table (the floor for observe)
+  ipvsproxy observe               NetlinkKernel.observe()
+  ipvsproxy no-op sync            observe + plan with nothing to do
+  ipvsproxy sync, k changes       observe + plan + apply when k destinations change weight
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from ipaddress import IPv4Address
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from integration.lab import inside  # noqa: E402
+from ipvsproxy.ipvsadm import parse_save, render_save  # noqa: E402
+from ipvsproxy.model import (  # noqa: E402
+    EMPTY,
+    IpvsState,
+    Proto,
+    RealServer,
+    RSKey,
+    VirtualServer,
+    VSKey,
+)
+from ipvsproxy.netlink import NetlinkKernel  # noqa: E402
+from ipvsproxy.schedulers import Scheduler  # noqa: E402
+from ipvsproxy.sync.ownership import Ownership  # noqa: E402
+from ipvsproxy.sync.plan import plan  # noqa: E402
+
+OWN = Ownership()
+_counter = 0
+
+
+def table(services: int, dests: int, scheduler: Scheduler = Scheduler.RR) -> IpvsState:
+    vss = {}
+    rss = {}
+    for s in range(services):
+        key = VSKey(IPv4Address(0x0A600000 + s), 80, Proto.TCP)  # 10.96.x.y
+        vss[key] = VirtualServer(key, scheduler)
+        rss[key] = {
+            rs.key: rs
+            for d in range(dests)
+            for rs in [RealServer(RSKey(IPv4Address(0x0AF40000 + d * 4096 + s), 8080))]
+        }
+    return IpvsState(vss, rss)
+
+
+@contextmanager
+def fresh_netns() -> Iterator[str]:
+    global _counter
+    _counter += 1
+    name = f"bench{_counter}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    # IPVS rejects destinations whose address type it cannot resolve: lo must be up.
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+def saved(ns: str) -> IpvsState:
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "ipvsadm-save", "-n"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return parse_save(out)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def check(ns: str, want: IpvsState) -> None:
+    got = saved(ns)
+    if (got.services, got.dests) != (want.services, want.dests):
+        key = next(
+            k
+            for k in want.services
+            if got.services.get(k) != want.services[k] or got.dests.get(k) != want.dests[k]
+        )
+        raise SystemExit(
+            f"bench: the table in {ns} is not what was loaded, e.g. {key}: wanted "
+            f"{want.services[key]} {want.dests[key]}, "
+            f"got {got.services.get(key)} {got.dests.get(key)}"
+        )
+
+
+def ipvsadm_restore(state: IpvsState) -> float:
+    rules = render_save(state).encode()
+    with fresh_netns() as ns:
+        seconds = timed(
+            lambda: subprocess.run(
+                ["ip", "netns", "exec", ns, "ipvsadm", "-R"], input=rules, check=True
+            )
+        )
+        check(ns, state)
+    return seconds
+
+
+def ipvsproxy_cold(state: IpvsState) -> float:
+    with fresh_netns() as ns:
+        with inside(ns):
+            kernel = NetlinkKernel(device="bench0")
+        with kernel:
+
+            def load() -> None:
+                report = kernel.apply(plan(state, EMPTY, ownership=OWN))
+                assert report.ok, report.failures[:3]
+
+            seconds = timed(load)
+        check(ns, state)
+    return seconds
+
+
+def pyroute2_cold(state: IpvsState) -> float:
+    from pyroute2 import IPVS
+    from pyroute2.ipvs import IPVSDest, IPVSService
+
+    with fresh_netns() as ns:
+        with inside(ns):
+            ipvs = IPVS()
+
+        def load() -> None:
+            for key in state.services:
+                # No scheduler argument: pyroute2's default is wlc, which the small table
+                # uses, so both baselines load identical rules.
+                svc = IPVSService(addr=str(key.address), port=key.port, protocol=int(key.proto))
+                ipvs.service("add", service=svc)
+                for rs in state.dests[key].values():
+                    dest = IPVSDest(
+                        addr=str(rs.key.address), port=rs.key.port, fwd_method=0, weight=rs.weight
+                    )
+                    ipvs.dest("add", service=svc, dest=dest)
+
+        seconds = timed(load)
+        ipvs.close()
+        check(ns, state)
+    return seconds
+
+
+def loaded_measures(state: IpvsState, changes: int) -> dict[str, float]:
+    """observe, ipvsadm -S, no-op sync and k-change sync on one loaded table."""
+    out: dict[str, float] = {}
+    with fresh_netns() as ns:
+        with inside(ns):
+            kernel = NetlinkKernel(device="bench0")
+        with kernel:
+            assert kernel.apply(plan(state, EMPTY, ownership=OWN)).ok
+            out["observe"] = timed(kernel.observe)  # the first: nothing decoded before
+            out["observe again"] = timed(kernel.observe)  # every resync after the first
+            out["ipvsadm -S -n"] = timed(
+                lambda: subprocess.run(
+                    ["ip", "netns", "exec", ns, "ipvsadm", "-S", "-n"],
+                    capture_output=True,
+                    check=True,
+                )
+            )
+            out["no-op sync"] = timed(lambda: plan(state, kernel.observe(), ownership=OWN))
+            changed = reweighted(state, changes)
+            ops: list[int] = []
+
+            def sync() -> None:
+                todo = plan(changed, kernel.observe(), ownership=OWN)
+                ops.append(len(todo))
+                assert kernel.apply(todo).ok
+
+            out["k-change sync"] = timed(sync)
+            out["k-change ops"] = ops[0]
+            out["k-change apply only"] = timed(
+                lambda: kernel.apply(plan(state, changed, ownership=OWN))
+            )
+        check(ns, state)
+    return out
+
+
+def reweighted(state: IpvsState, k: int) -> IpvsState:
+    dests = {key: dict(d) for key, d in state.dests.items()}
+    for key in list(dests)[:k]:
+        rs_key = next(iter(dests[key]))
+        dests[key][rs_key] = RealServer(rs_key, weight=0)
+    return IpvsState(state.services, dests)
+
+
+def median(fn: Callable[[], float], repeat: int) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--dests", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--changes", type=int, default=10)
+    parser.add_argument("--pyroute2-services", type=int, default=100)
+    args = parser.parse_args()
+    big = table(args.services, args.dests)
+    small = table(args.pyroute2_services, args.dests, Scheduler.WLC)
+    size = f"{args.services}x{args.dests}"
+    small_size = f"{args.pyroute2_services}x{args.dests}"
+
+    floor = median(lambda: ipvsadm_restore(big), args.repeat)
+    ours = median(lambda: ipvsproxy_cold(big), args.repeat)
+    small_floor = median(lambda: ipvsadm_restore(small), args.repeat)
+    small_pyroute2 = pyroute2_cold(small)
+    loaded = loaded_measures(big, args.changes)
+    dump_floor = loaded["ipvsadm -S -n"]
+
+    rows = [
+        ("cold apply", "ipvsadm -R (floor)", size, floor, floor),
+        ("cold apply", "ipvsproxy NetlinkKernel", size, ours, floor),
+        ("cold apply", "ipvsadm -R (floor)", small_size, small_floor, small_floor),
+        ("cold apply", "pyroute2, a call per object", small_size, small_pyroute2, small_floor),
+        ("observe", "ipvsadm -S -n (floor)", size, dump_floor, dump_floor),
+        ("observe", "ipvsproxy observe(), first", size, loaded["observe"], dump_floor),
+        ("observe", "ipvsproxy observe(), resync", size, loaded["observe again"], dump_floor),
+        ("sync", "no changes (observe+plan)", size, loaded["no-op sync"], dump_floor),
+        ("sync", f"{args.changes} changed weights, all", size, loaded["k-change sync"], dump_floor),
+        (
+            "sync",
+            f"{args.changes} changed weights, apply",
+            size,
+            loaded["k-change apply only"],
+            floor,
+        ),
+    ]
+    print(
+        f"\nipvsproxy IPVS benchmark, kernel {os.uname().release}, "
+        f"median of {args.repeat} (pyroute2: 1 run)"
+    )
+    print(f"{'what':<11} {'approach':<34} {'size':>8} {'seconds':>9}  ratio to floor")
+    for what, approach, sz, seconds, base in rows:
+        print(f"{what:<11} {approach:<34} {sz:>8} {seconds:>9.3f}  {seconds / base:>6.2f}")
+    print(
+        f"\n{args.changes} changed weights planned as {int(loaded['k-change ops'])} kernel requests"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""The hot paths of the IPVS codec: batch encoding and destination-dump decoding.
+
+Why this module exists: a sync of a large cluster writes or reads tens of thousands of
+destinations, and under the project's measurements each Python call counts (a frozen
+dataclass costs ~2 us, an enum lookup 0.7 us, one `struct.unpack_from` 0.25 us natively; the
+IPVS VM runs 15-50x slower). codec.py's attribute-at-a-time functions stay the reference
+implementation; this module must produce the same bytes and objects, which
+tests/netlink/test_fast.py checks property by property.
+
+- `encode_ops()`: the service-key nest is built once per service per batch, and each
+  destination nest is one precompiled `struct` pack.
+- `DestDecoder`: the kernel fills a dumped destination with a run of fixed-size attributes
+  in a fixed order (ip_vs_ctl.c `ip_vs_genl_fill_dest`), which differs between kernel
+  versions. The decoder learns that run from the first destination with the generic parser,
+  compiles one `struct` for it, and then decodes each destination with one `unpack_from`,
+  checking every attribute header it relies on; on any mismatch it falls back to the generic
+  parser for that destination.
+
+Imports: codec, model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import socket
+import struct
+from collections.abc import Sequence
+from ipaddress import IPv4Address, IPv6Address
+from typing import Any
+
+from ipvsproxy.model import (
+    AddDest,
+    DeleteDest,
+    Forward,
+    IPAddress,
+    Proto,
+    RealServer,
+    RSKey,
+    ServiceFlags,
+    UpdateDest,
+    VirtualServer,
+    VSKey,
+)
+from ipvsproxy.netlink import codec
+from ipvsproxy.schedulers import Scheduler
+
+_FORWARD = {int(f): f for f in Forward}
+_NESTED = codec.NLA_F_NESTED
+
+# ---- encoding ---------------------------------------------------------------------------
+
+_SVC_KEY4 = struct.Struct("=HH HHH2x HHH2x HH4s HH2s2x")  # nest, AF, PROTOCOL, ADDR, PORT
+_SVC_KEY6 = struct.Struct("=HH HHH2x HHH2x HH16s HH2s2x")
+_DEST4 = struct.Struct("=HH HHH2x HH4s HH2s2x HHI HHI HHI HHI")  # nest, AF, ADDR, PORT, 4 x u32
+_DEST6 = struct.Struct("=HH HHH2x HH16s HH2s2x HHI HHI HHI HHI")
+_DEST_KEY4 = struct.Struct("=HH HHH2x HH4s HH2s2x")
+_DEST_KEY6 = struct.Struct("=HH HHH2x HH16s HH2s2x")
+
+
+def service_key_nest(key: VSKey) -> bytes:
+    """The CMD_ATTR_SERVICE nest identifying an address/port/protocol service."""
+    if key.fwmark:
+        return codec.nest(codec.CMD_ATTR_SERVICE, codec.service_key_attrs(key))
+    v6 = key.address.version == 6
+    s = _SVC_KEY6 if v6 else _SVC_KEY4
+    return s.pack(
+        s.size, codec.CMD_ATTR_SERVICE | _NESTED,
+        6, codec.SVC_AF, socket.AF_INET6 if v6 else socket.AF_INET,
+        6, codec.SVC_PROTOCOL, key.proto,
+        20 if v6 else 8, codec.SVC_ADDR, key.address.packed,
+        6, codec.SVC_PORT, key.port.to_bytes(2, "big"),
+    )  # fmt: skip
+
+
+def dest_nest(rs: RealServer) -> bytes:
+    key = rs.key
+    v6 = key.address.version == 6
+    s = _DEST6 if v6 else _DEST4
+    return s.pack(
+        s.size, codec.CMD_ATTR_DEST | _NESTED,
+        6, codec.DEST_ADDR_FAMILY, socket.AF_INET6 if v6 else socket.AF_INET,
+        20 if v6 else 8, codec.DEST_ADDR, key.address.packed,
+        6, codec.DEST_PORT, key.port.to_bytes(2, "big"),
+        8, codec.DEST_FWD_METHOD, rs.forward,
+        8, codec.DEST_WEIGHT, rs.weight,
+        8, codec.DEST_U_THRESH, rs.upper_threshold,
+        8, codec.DEST_L_THRESH, rs.lower_threshold,
+    )  # fmt: skip
+
+
+def dest_key_nest(key: RSKey) -> bytes:
+    v6 = key.address.version == 6
+    s = _DEST_KEY6 if v6 else _DEST_KEY4
+    return s.pack(
+        s.size, codec.CMD_ATTR_DEST | _NESTED,
+        6, codec.DEST_ADDR_FAMILY, socket.AF_INET6 if v6 else socket.AF_INET,
+        20 if v6 else 8, codec.DEST_ADDR, key.address.packed,
+        6, codec.DEST_PORT, key.port.to_bytes(2, "big"),
+    )  # fmt: skip
+
+
+def encode_ops(ops: Sequence[codec.IpvsOp]) -> list[tuple[int, bytes]]:
+    """(command, attributes) for each operation, as codec.encode_op, but fast."""
+    keys: dict[VSKey, bytes] = {}
+
+    def svc(key: VSKey) -> bytes:
+        found = keys.get(key)
+        if found is None:
+            found = keys[key] = service_key_nest(key)
+        return found
+
+    out = []
+    for op in ops:
+        if isinstance(op, AddDest):
+            out.append((codec.CMD_NEW_DEST, svc(op.service) + dest_nest(op.rs)))
+        elif isinstance(op, UpdateDest):
+            out.append((codec.CMD_SET_DEST, svc(op.service) + dest_nest(op.rs)))
+        elif isinstance(op, DeleteDest):
+            out.append((codec.CMD_DEL_DEST, svc(op.service) + dest_key_nest(op.key)))
+        else:
+            out.append(codec.encode_op(op))
+    return out
+
+
+# ---- decoding ---------------------------------------------------------------------------
+
+_NLMSG = struct.Struct("=IHHII")
+_NLA = struct.Struct("=HH")
+_DEST_OFFSET = 16 + 4 + 4  # nlmsghdr, genlmsghdr, CMD_ATTR_DEST nest header
+_PAYLOAD_FORMAT = {1: "B3x", 2: "H2x", 4: "I", 8: "Q", 16: "16s"}
+_WANTED = (
+    codec.DEST_ADDR,
+    codec.DEST_PORT,
+    codec.DEST_FWD_METHOD,
+    codec.DEST_WEIGHT,
+    codec.DEST_U_THRESH,
+    codec.DEST_L_THRESH,
+    codec.DEST_ACTIVE_CONNS,
+    codec.DEST_INACT_CONNS,
+)
+
+DestEntry = tuple[RealServer, int, int]  # destination, active, inactive connections
+
+
+class _Layout:
+    """A compiled run of fixed-size attributes at the start of a destination nest."""
+
+    def __init__(self, headers: list[tuple[int, int]]) -> None:
+        # each attribute unpacks to 3 values: length, type, payload
+        self.struct = struct.Struct(
+            "=" + "".join("HH" + _PAYLOAD_FORMAT[n - 4] for n, _ in headers)
+        )
+        self.lengths = tuple(n for n, _ in headers)
+        self.kinds = tuple(k for _, k in headers)
+        slot = {k & codec.NLA_TYPE_MASK: 3 * i + 2 for i, (_, k) in enumerate(headers)}
+        self.pick = operator.itemgetter(*(slot[w] for w in _WANTED))
+        # Bytes from the start of the nest up to the connection counters hold every setting
+        # (and the headers of those attributes): equal bytes, equal RealServer.
+        position = 0
+        self.settings_end = 0
+        for length, kind in headers:
+            if kind & codec.NLA_TYPE_MASK == codec.DEST_ACTIVE_CONNS:
+                self.settings_end = position
+                break
+            position += (length + 3) & ~3
+
+
+class DestDecoder:
+    """Decodes destination dumps; learns the kernel's layout once per decoder.
+
+    Observing the same table again is the common case (every resync), so decoded
+    destinations are kept, keyed by their settings bytes, from one observation to the next:
+    `start_round()` begins an observation, and the cache then holds only what it saw.
+    """
+
+    def __init__(self) -> None:
+        self._layout: _Layout | None = None
+        self._addresses: dict[bytes, IPAddress] = {}
+        self._cache: dict[bytes, RealServer] = {}
+        self._previous: dict[bytes, RealServer] = {}
+
+    def start_round(self) -> None:
+        self._previous, self._cache = self._cache, {}
+
+    def mapping(self, chunks: Sequence[bytes], service_af: int) -> dict[RSKey, RealServer]:
+        """The destinations of one service dump, by key: the hot path of observe()."""
+        out: dict[RSKey, RealServer] = {}
+        for buf in chunks:
+            offset = 0
+            while offset + 16 <= len(buf):
+                length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
+                if kind not in (codec.NLMSG_DONE, codec.NLMSG_ERROR) and length > _DEST_OFFSET:
+                    rs = self._cached(buf, offset, length, service_af)
+                    out[rs.key] = rs
+                offset += (length + 3) & ~3
+        return out
+
+    def _cached(self, buf: bytes, offset: int, length: int, af: int) -> RealServer:
+        layout = self._layout
+        start = offset + _DEST_OFFSET
+        if layout is None or not layout.settings_end:
+            return self._one(buf, offset, length, af)[0]
+        raw = buf[start : start + layout.settings_end]
+        rs = self._previous.get(raw)
+        if rs is None:
+            rs = self._one(buf, offset, length, af)[0]
+        self._cache[raw] = rs
+        return rs
+
+    def decode(self, chunks: Sequence[bytes], service_af: int) -> list[DestEntry]:
+        """Destinations with their (active, inactive) connection counts."""
+        out: list[DestEntry] = []
+        for buf in chunks:
+            offset = 0
+            while offset + 16 <= len(buf):
+                length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
+                if kind not in (codec.NLMSG_DONE, codec.NLMSG_ERROR) and length > _DEST_OFFSET:
+                    out.append(self._one(buf, offset, length, service_af))
+                offset += (length + 3) & ~3
+        return out
+
+    def _one(self, buf: bytes, offset: int, length: int, service_af: int) -> DestEntry:
+        layout = self._layout
+        start = offset + _DEST_OFFSET
+        if layout is not None and start + layout.struct.size <= offset + length:
+            values = layout.struct.unpack_from(buf, start)
+            if values[0::3] == layout.lengths and values[1::3] == layout.kinds:
+                return self._build(layout.pick(values), service_af)
+        entry = codec.decode_dest(memoryview(buf)[start : offset + length], service_af)
+        if layout is None:
+            self._layout = _learn(buf, start, offset + length)
+        return entry
+
+    def _build(self, picked: tuple[Any, ...], af: int) -> DestEntry:
+        raw_addr, port, fwd, weight, upper, lower, active, inactive = picked
+        address = self._addresses.get(raw_addr)
+        if address is None:
+            address = self._address(raw_addr, af)
+        if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
+            port = ((port & 0xFF) << 8) | (port >> 8)
+        key = _new(RSKey)
+        _rs_key_address(key, address)
+        _rs_key_port(key, port)
+        rs = _new(RealServer)
+        _rs_key(rs, key)
+        _rs_weight(rs, weight)
+        _rs_forward(rs, _FORWARD[fwd & 7])
+        _rs_upper(rs, upper)
+        _rs_lower(rs, lower)
+        return rs, active, inactive
+
+    def _address(self, raw: bytes, af: int) -> IPAddress:
+        found = self._addresses.get(raw)
+        if found is None:
+            found = IPv4Address(raw[:4]) if af == socket.AF_INET else IPv6Address(raw)
+            self._addresses[raw] = found
+        return found
+
+
+_LITTLE = struct.pack("=H", 1) == b"\x01\x00"
+
+# Frozen dataclasses are built here through their slot descriptors instead of the generated
+# __init__, which calls object.__setattr__ once per field: half the cost (measured 1.3 us vs
+# 2.6 us natively) for the same frozen objects. _check_fields() keeps this honest if a field
+# is added, and tests/netlink/test_fast.py compares results with the reference decoder.
+_new = object.__new__
+
+
+def _slot(cls: type, name: str) -> Any:
+    return cls.__dict__[name].__set__
+
+
+def _check_fields() -> None:
+    for cls, names in ((RSKey, ("address", "port")), (RealServer, _RS_FIELDS)):
+        actual = tuple(f.name for f in dataclasses.fields(cls))
+        if actual != names:  # pragma: no cover
+            raise ImportError(f"fast.py builds {cls.__name__}{names}, but it has {actual}")
+
+
+_RS_FIELDS = ("key", "weight", "forward", "upper_threshold", "lower_threshold")
+_check_fields()
+_rs_key_address, _rs_key_port = _slot(RSKey, "address"), _slot(RSKey, "port")
+_rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = (_slot(RealServer, n) for n in _RS_FIELDS)
+
+
+def _learn(buf: bytes, start: int, end: int) -> _Layout | None:
+    """The leading run of fixed-size, non-nested attributes holding every wanted one."""
+    headers: list[tuple[int, int]] = []
+    offset = start
+    while offset + 4 <= end:
+        length, kind = _NLA.unpack_from(buf, offset)
+        if kind & _NESTED or (length - 4) not in _PAYLOAD_FORMAT:
+            break
+        headers.append((length, kind))
+        offset += (length + 3) & ~3
+        if {k & codec.NLA_TYPE_MASK for _, k in headers} >= set(_WANTED):
+            return _Layout(headers)
+    return None
+
+
+_SCHEDULERS = {s.value.encode(): s for s in Scheduler}
+_SVC_ATTRS = {codec.SVC_AF, codec.SVC_PROTOCOL, codec.SVC_ADDR, codec.SVC_PORT, codec.SVC_FWMARK,
+              codec.SVC_SCHED_NAME, codec.SVC_FLAGS, codec.SVC_TIMEOUT}  # fmt: skip
+_U16, _U32, _FLAGS = struct.Struct("=H"), struct.Struct("=I"), struct.Struct("=II")
+
+
+class ServiceDecoder:
+    """Decodes service dumps, reusing last observation's objects for unchanged services.
+
+    A service's settings are the bytes of its nest before the statistics; services ipvsproxy
+    cannot model (an unknown scheduler or protocol) are left out: they are never ipvsproxy's,
+    and leaving them out of observed state means they are never touched.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, VirtualServer] = {}
+
+    def decode(self, chunks: Sequence[bytes]) -> list[VirtualServer]:
+        previous, self._cache = self._cache, {}
+        out = []
+        for buf in chunks:
+            offset = 0
+            while offset + 16 <= len(buf):
+                length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
+                if kind not in (codec.NLMSG_DONE, codec.NLMSG_ERROR) and length > _DEST_OFFSET:
+                    vs = self._service(buf, offset + _DEST_OFFSET, offset + length, previous)
+                    if vs is not None:
+                        out.append(vs)
+                offset += (length + 3) & ~3
+        return out
+
+    def _service(
+        self, buf: bytes, start: int, end: int, previous: dict[bytes, VirtualServer]
+    ) -> VirtualServer | None:
+        found: dict[int, tuple[int, int]] = {}
+        offset = start
+        while offset + 4 <= end:
+            length, kind = _NLA.unpack_from(buf, offset)
+            kind &= codec.NLA_TYPE_MASK
+            if kind == codec.SVC_STATS:
+                break  # statistics follow the settings; nothing after them is needed
+            if kind in _SVC_ATTRS:
+                found[kind] = (offset + 4, length - 4)
+            offset += (length + 3) & ~3
+        raw = buf[start:offset]
+        vs = previous.get(raw)
+        if vs is None:
+            try:
+                vs = _build_service(buf, found)
+            except (KeyError, ValueError):
+                return None
+        self._cache[raw] = vs
+        return vs
+
+
+def _build_service(buf: bytes, found: dict[int, tuple[int, int]]) -> VirtualServer:
+    af = _U16.unpack_from(buf, found[codec.SVC_AF][0])[0]
+    start, size = found[codec.SVC_SCHED_NAME]
+    scheduler = _SCHEDULERS[bytes(buf[start : start + size]).rstrip(b"\0")]
+    flags = _FLAGS.unpack_from(buf, found[codec.SVC_FLAGS][0])[0] & ~ServiceFlags.HASHED
+    timeout = _U32.unpack_from(buf, found[codec.SVC_TIMEOUT][0])[0]
+    mark = _U32.unpack_from(buf, found[codec.SVC_FWMARK][0])[0] if codec.SVC_FWMARK in found else 0
+    if mark:
+        unspecified: IPAddress = IPv6Address(0) if af == socket.AF_INET6 else IPv4Address(0)
+        key = VSKey(unspecified, 0, Proto.TCP, fwmark=mark)
+    else:
+        start = found[codec.SVC_ADDR][0]
+        address = (
+            IPv4Address(buf[start : start + 4])
+            if af == socket.AF_INET
+            else IPv6Address(buf[start : start + 16])
+        )
+        port = int.from_bytes(buf[found[codec.SVC_PORT][0] : found[codec.SVC_PORT][0] + 2], "big")
+        proto = Proto(_U16.unpack_from(buf, found[codec.SVC_PROTOCOL][0])[0])
+        key = VSKey(address, port, proto)
+    persistent = flags & ServiceFlags.PERSISTENT
+    return VirtualServer(key, scheduler, ServiceFlags(flags), timeout if persistent else 0)
