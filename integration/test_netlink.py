@@ -156,3 +156,14 @@ def test_a_dummy_device_deleted_behind_our_back_is_recreated(kernel):
     assert observed.bound == frozenset()
     assert kernel.apply(plan(desired.state, observed, ownership=own)).failures == ()
     assert kernel.observe() == desired.state
+
+
+def test_the_unit_tests_ipvsadm_sample_is_what_real_ipvsadm_prints(kernel):
+    """tests/data/ipvsadm-save-mixed.txt is loaded by ipvsadm and saved back line for line."""
+    sample = Path(__file__).parent.parent / "tests" / "data" / "ipvsadm-save-mixed.txt"
+    subprocess.run(["ipvsadm", "-R"], input=sample.read_bytes(), check=True)
+    printed = ipvsadm_save()
+    assert sorted(printed.splitlines()) == sorted(sample.read_text().splitlines())
+    observed = kernel.observe()
+    expected = parse_save(sample.read_text())
+    assert (observed.services, observed.dests) == (expected.services, expected.dests)

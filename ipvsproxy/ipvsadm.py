@@ -5,7 +5,8 @@ used to read a saved kernel table (`ipvsproxy diff --kernel-state FILE`) and to 
 in terms an ipvsadm user reads at a glance. Forwarding switches follow ipvsadm's
 `fwd_switch()`: -m masquerade, -i tunnel, -g direct routing (and local, which it prints as -g).
 Options of foreign services ipvsproxy does not model (-M netmask, --pe, --tun-*) are
-accepted and not kept.
+accepted and not kept. Destination thresholds (-x, -y) are read and printed as `ipvsadm -R`
+takes them, although `ipvsadm-save` itself never prints them (checked on a real kernel).
 
 Imports: model, schedulers, errors.
 """
@@ -66,6 +67,8 @@ def dest_args(service: VSKey, rs: RealServer) -> str:
     """The options of `ipvsadm -a`/`-e` for this destination."""
     fwd = {Forward.MASQ: "-m", Forward.TUNNEL: "-i"}.get(rs.forward, "-g")
     out = f"{key_args(service)} -r {rs.key} {fwd} -w {rs.weight}"
+    if rs.forward is Forward.TUNNEL:
+        out += " --tun-type ipip"  # ipvsproxy does not model tunnel types; ipip is the default
     if rs.upper_threshold:
         out += f" -x {rs.upper_threshold}"
     if rs.lower_threshold:

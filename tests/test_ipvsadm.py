@@ -35,7 +35,7 @@ def test_parse_a_mixed_table():
     }
     foreign = VSKey(ip_address("192.168.7.100"), 443, Proto.TCP)
     dr = state.dests[foreign][RSKey(ip_address("192.168.7.11"), 443)]
-    assert (dr.forward, dr.upper_threshold, dr.lower_threshold) == (Forward.ROUTE, 100, 50)
+    assert dr.forward == Forward.ROUTE
     assert state.dests[foreign][RSKey(ip_address("192.168.7.12"), 443)].forward == Forward.TUNNEL
     mark = VSKey(ip_address("0.0.0.0"), 0, Proto.TCP, fwmark=100)
     assert state.services[mark].scheduler is Scheduler.RR
@@ -43,6 +43,15 @@ def test_parse_a_mixed_table():
     assert state.services[mark6].flags == ServiceFlags.ONEPACKET
     assert list(state.dests[mark6]) == [RSKey(ip_address("2001:db8::5"), 0)]
     assert len(state.services) == 7
+
+
+def test_thresholds_are_read_as_ipvsadm_restore_input_takes_them():
+    # ipvsadm-save never prints -x/-y, but `ipvsadm -R` input may carry them
+    state = parse_save(
+        "-A -t 10.0.0.1:80 -s rr\n-a -t 10.0.0.1:80 -r 10.0.1.1:80 -m -w 1 -x 100 -y 50\n"
+    )
+    (rs,) = state.dests[VSKey(ip_address("10.0.0.1"), 80, Proto.TCP)].values()
+    assert (rs.upper_threshold, rs.lower_threshold) == (100, 50)
 
 
 def test_render_prints_the_sample_back_except_unmodelled_options():

@@ -103,11 +103,15 @@ def dest_key_nest(key: RSKey) -> bytes:
 def encode_ops(ops: Sequence[codec.IpvsOp]) -> list[tuple[int, bytes]]:
     """(command, attributes) for each operation, as codec.encode_op, but fast."""
     keys: dict[VSKey, bytes] = {}
+    last: list[Any] = [None, b""]  # plans group a service's destinations: try identity first
 
     def svc(key: VSKey) -> bytes:
+        if key is last[0]:
+            return last[1]  # type: ignore[no-any-return]
         found = keys.get(key)
         if found is None:
             found = keys[key] = service_key_nest(key)
+        last[0], last[1] = key, found
         return found
 
     out = []

@@ -28,6 +28,7 @@ NETLINK_GENERIC = 16
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
 BATCH_BYTES = 256 * 1024
+RECV_BYTES = 1024 * 1024
 _HEADER = struct.Struct("=IHHII")
 RCVBUF = 32 * 1024 * 1024
 SNDBUF = 8 * 1024 * 1024
@@ -133,10 +134,16 @@ class GenlSocket:
         flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
         self._sock.send(codec.message(self.family, cmd, attrs, seq=seq, flags=flags))
         chunks = []
+        # DONE's length, type, flags and sequence number (its port id is not compared)
+        done = _HEADER.pack(20, codec.NLMSG_DONE, codec.NLM_F_MULTI, seq, 0)[:12]
         while True:
-            size = self._sock.recv_into(self._recv)
-            data = bytes(self._recv[:size])
+            data = self._sock.recv(RECV_BYTES)
             chunks.append(data)
+            size = len(data)
+            # The kernel ends a dump's last datagram with DONE (20 bytes: header and an int):
+            # check the tail before walking every header.
+            if size >= 20 and data[size - 20 : size - 8] == done:
+                return chunks
             offset = 0
             while offset + 16 <= size:
                 length, kind, _, got_seq, _ = _HEADER.unpack_from(data, offset)

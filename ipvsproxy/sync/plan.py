@@ -80,6 +80,9 @@ def _dest_changes(
 ) -> None:
     if want == have:  # the steady state: nothing to compare one by one
         return
+    if not have:  # a new service: everything is an add, in the desired (translation) order
+        upserts += [AddDest(key, rs) for rs in want.values()]
+        return
     for rs_key in sorted(want, key=rs_order):
         seen = have.get(rs_key)
         if seen is None:
