@@ -11,9 +11,9 @@ Imports: codec, genl, links, model, kernel, errors.
 from __future__ import annotations
 
 import errno
-import logging
 from collections.abc import Mapping, Sequence
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
@@ -33,8 +33,6 @@ from ipvsproxy.model import (
 from ipvsproxy.netlink import codec, fast
 from ipvsproxy.netlink.genl import GenlSocket, os_error
 from ipvsproxy.netlink.links import DummyDevice
-
-log = logging.getLogger(__name__)
 
 
 class NetlinkKernel:
@@ -135,5 +133,5 @@ def to_error(op: Op, code: int) -> KernelError:
     return KernelError(text)
 
 
-def _conforms() -> Kernel:
-    return NetlinkKernel()
+if TYPE_CHECKING:
+    _conforms: Kernel = NetlinkKernel()
