@@ -126,10 +126,10 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:
     desired, node = desired_from_manifests(manifest_paths, config)
     for warning in desired.warnings:
         log.warning("%s", warning)
-    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
-    for setting in sysctl.ensure(settings):
-        log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
-    with _live_kernel(config) as kernel:
+    with _live_kernel(config) as kernel:  # first: no IPVS, nothing on the node is touched
+        settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
+        for setting in sysctl.ensure(settings):
+            log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
         kernel.set_timeouts(
             tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
         )

@@ -32,6 +32,16 @@ log = logging.getLogger("ipvsproxy")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+manifests_option = click.option(
+    "--manifests",
+    "manifest_paths",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path),
+    help="YAML/JSON files or directories with Services, EndpointSlices and Nodes (repeatable).",
+)
+
+
 def node_options(func: F) -> F:
     """Options shared by every command that computes desired state for this node."""
     options = [
@@ -131,14 +141,7 @@ def main(log_level: str) -> None:
 
 
 @main.command()
-@click.option(
-    "--manifests",
-    "manifest_paths",
-    multiple=True,
-    required=True,
-    type=click.Path(path_type=Path),
-    help="YAML/JSON files or directories with Services, EndpointSlices and Nodes (repeatable).",
-)
+@manifests_option
 @click.option(
     "--kernel-state",
     type=click.Path(path_type=Path),
@@ -167,14 +170,7 @@ def diff(
 
 
 @main.command()
-@click.option(
-    "--manifests",
-    "manifest_paths",
-    multiple=True,
-    required=True,
-    type=click.Path(path_type=Path),
-    help="YAML/JSON files or directories with Services, EndpointSlices and Nodes (repeatable).",
-)
+@manifests_option
 @click.option("--once", is_flag=True, help="Sync once, then exit (0: all applied, 1: failures).")
 @click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
 @click.option("--tcp-timeout", type=click.IntRange(min=0), default=0, help="IPVS TCP timeout, s.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,37 @@ def test_malformed_object_in_manifests_is_a_warning_not_an_error(tmp_path):
     assert result.exit_code == 1
     assert "ipvsadm -A -t 10.96.0.2:80 -s rr  # x/good:80" in result.stdout
     assert "skipping malformed Service x/bad: spec.ports[0].port 0" in result.stderr
+
+
+def test_run_without_once_is_a_clear_error():
+    result = run("run", "--manifests", str(EXAMPLE))
+    assert result.exit_code == 2
+    assert "only --once is available" in result.stderr
+
+
+def test_run_once_exit_codes(monkeypatch):
+    from ipvsproxy import agent
+    from ipvsproxy.errors import KernelUnavailable, NotFound
+    from ipvsproxy.kernel import ApplyReport, Failure
+    from ipvsproxy.model import UnbindAddress
+
+    def unavailable(config, *, manifest_paths):
+        raise KernelUnavailable("the kernel has no IPVS")
+
+    monkeypatch.setattr(agent, "run_once", unavailable)
+    result = run("run", "--once", "--manifests", str(EXAMPLE))
+    assert result.exit_code == 3
+    assert "the kernel has no IPVS" in result.stderr
+
+    op = UnbindAddress(ip_address("10.96.0.1"))
+    failed = agent.SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)))
+    monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: failed)
+    result = run("run", "--once", "--manifests", str(EXAMPLE))
+    assert result.exit_code == 1
+    assert "failed: gone" in result.stderr
+
+    done = agent.SyncResult((op,), ApplyReport(1))
+    monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: done)
+    result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
+    assert result.exit_code == 0
+    assert "applied 1 of 1 operations" in result.stdout
