@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Iterator
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv6Address
 
 from ipvsproxy.model import (
     AddDest,
@@ -26,7 +26,6 @@ from ipvsproxy.model import (
     DeleteService,
     Forward,
     IPAddress,
-    Proto,
     RealServer,
     RSKey,
     ServiceFlags,
@@ -35,7 +34,6 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.schedulers import Scheduler
 
 # netlink (linux/netlink.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -204,28 +202,6 @@ def _address(af: int, raw: memoryview) -> IPAddress:
     if af == socket.AF_INET:
         return IPv4Address(bytes(raw[:4]))
     return IPv6Address(bytes(raw[:16]))
-
-
-def decode_service(nested: memoryview) -> VirtualServer:
-    """A dumped service -> VirtualServer; the kernel's HASHED flag is masked off."""
-    a = attrs(nested)
-    af = _U16.unpack(a[SVC_AF])[0]
-    if SVC_FWMARK in a and _U32.unpack(a[SVC_FWMARK])[0]:
-        unspecified: IPAddress = ip_address("::" if af == socket.AF_INET6 else "0.0.0.0")
-        key = VSKey(unspecified, 0, Proto.TCP, fwmark=_U32.unpack(a[SVC_FWMARK])[0])
-    else:
-        key = VSKey(
-            _address(af, a[SVC_ADDR]),
-            _BE16.unpack(a[SVC_PORT])[0],
-            Proto(_U16.unpack(a[SVC_PROTOCOL])[0]),
-        )
-    flags = _FLAGS.unpack(a[SVC_FLAGS])[0] & ~ServiceFlags.HASHED
-    return VirtualServer(
-        key,
-        Scheduler(bytes(a[SVC_SCHED_NAME]).rstrip(b"\0").decode()),
-        ServiceFlags(flags),
-        _U32.unpack(a[SVC_TIMEOUT])[0] if flags & ServiceFlags.PERSISTENT else 0,
-    )
 
 
 def decode_dest(nested: memoryview, service_af: int) -> tuple[RealServer, int, int]:

@@ -238,9 +238,7 @@ class DestDecoder:
 
     def _build(self, picked: tuple[Any, ...], af: int) -> DestEntry:
         raw_addr, port, fwd, weight, upper, lower, active, inactive = picked
-        address = self._addresses.get(raw_addr)
-        if address is None:
-            address = self._address(raw_addr, af)
+        address = self._address(raw_addr, af)
         if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
             port = ((port & 0xFF) << 8) | (port >> 8)
         key = _new(RSKey)

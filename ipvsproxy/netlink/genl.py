@@ -154,21 +154,6 @@ class GenlSocket:
                     raise KernelError(f"dump failed: {os_error(code)}")
                 offset += (length + 3) & ~3
 
-    def dump(self, cmd: int, attrs: bytes = b"") -> list[memoryview]:
-        """All messages of a dump, as genl payloads."""
-        seq = self._next_seq()
-        flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
-        self._sock.send(codec.message(self.family, cmd, attrs, seq=seq, flags=flags))
-        out = []
-        for kind, _, _, payload in self._replies(seq):
-            if kind == codec.NLMSG_ERROR:
-                code = codec.error_code(payload)
-                if code:
-                    raise KernelError(f"dump failed: {os_error(code)}")
-            elif kind != codec.NLMSG_DONE:
-                out.append(payload)
-        return out
-
 
 def _chunks(requests: Sequence[tuple[int, bytes]], limit: int) -> list[list[int]]:
     """Indices of requests grouped so each group's messages fit in about `limit` bytes."""

@@ -22,7 +22,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.netlink import codec
+from ipvsproxy.netlink import codec, fast
 from ipvsproxy.schedulers import Scheduler
 from tests.strategies import virtual_servers
 
@@ -146,7 +146,8 @@ def test_service_decodes_back(vs):
         + codec.nla(codec.SVC_FLAGS, flags.to_bytes(4, "little") + b"\xff" * 4)
         + codec.nla(codec.SVC_TIMEOUT, bytes(parsed[codec.SVC_TIMEOUT]))
     )
-    assert codec.decode_service(memoryview(dumped)) == vs
+    message = codec.message(FAMILY, 1, codec.nest(codec.CMD_ATTR_SERVICE, dumped), seq=1, flags=2)
+    assert fast.ServiceDecoder().decode([message]) == [vs]
 
 
 def test_delete_service_carries_only_the_key():
