@@ -14,12 +14,13 @@ import pytest
 
 from integration.conftest import clean_ipvs
 from integration.lab import PORT, Lab, connect, request, sctp_available, udp_request
-from ipvsproxy import agent
 from ipvsproxy.config import Config
 from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.schedulers import Scheduler
+from ipvsproxy.sync.desired import from_objects
+from ipvsproxy.sync.engine import sync
 from tests.factories import ep, node, port, service, slice_
 
 NODE_IP = "10.250.1.1"
@@ -63,10 +64,10 @@ def program(kernel: NetlinkKernel, lab: Lab, *services, proto="TCP") -> None:
                 endpoints=[ep(b.address) for b in lab.backends],
             ),
         ]
-    desired, node_view = agent.desired_from_objects(objects, CONFIG)
-    result = agent.sync(kernel, desired, node_view, CONFIG)
+    desired, node_view = from_objects(objects, CONFIG)
+    result = sync(kernel, desired, node_view, CONFIG)
     assert result.report.failures == ()
-    assert agent.sync(kernel, desired, node_view, CONFIG).plan == ()
+    assert sync(kernel, desired, node_view, CONFIG).plan == ()
 
 
 def svc(name, vip, *, scheduler="rr", proto="TCP", **spec):
@@ -205,7 +206,7 @@ def test_a_removed_endpoint_gets_no_new_connections(kernel, lab):
             endpoints=[ep(b.address) for b in lab.backends[:2]],
         ),
     ]
-    desired, node_view = agent.desired_from_objects(objects_without_b3, CONFIG)
-    assert agent.sync(kernel, desired, node_view, CONFIG).report.failures == ()
+    desired, node_view = from_objects(objects_without_b3, CONFIG)
+    assert sync(kernel, desired, node_view, CONFIG).report.failures == ()
     got = Counter(request(client(lab), "10.96.0.13", 80) for _ in range(10))
     assert got == {"b1": 5, "b2": 5}

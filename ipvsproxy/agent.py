@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from ipvsproxy import api, ipvsadm, manifests
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError
-from ipvsproxy.kernel import ApplyReport, Kernel, Plan
 from ipvsproxy.model import IpvsState
-from ipvsproxy.sync.desired import Desired, desired_state
+from ipvsproxy.sync.desired import Desired, from_objects
+from ipvsproxy.sync.engine import SyncResult, sync
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
 from ipvsproxy.sync.render import Line, describe
@@ -46,25 +46,7 @@ class DiffResult:
 
 def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, api.NodeView]:
     """Parse manifests and translate them for this node."""
-    return desired_from_objects(manifests.load(paths), config)
-
-
-def desired_from_objects(
-    objects: Iterable[api.RawObject], config: Config
-) -> tuple[Desired, api.NodeView]:
-    """Parse raw API objects and translate them for this node (`config.node_name`)."""
-    parsed = api.parse_objects(objects)
-    node = next((n for n in parsed.nodes if n.name == config.node_name), None)
-    warnings = list(parsed.warnings)
-    if node is None:
-        warnings.append(
-            f"Node {config.node_name!r} is not in the input: no NodePort virtual servers "
-            "(set --hostname-override to the node's name)"
-        )
-        node = api.NodeView(config.node_name)
-    desired = desired_state(parsed.services, parsed.slices, node, config)
-    all_warnings = (*warnings, *desired.warnings)
-    return Desired(desired.state, desired.origins, all_warnings), node
+    return from_objects(manifests.load(paths), config)
 
 
 def read_kernel_state(path: Path) -> IpvsState:
@@ -102,21 +84,6 @@ def diff(
     )
     lines = tuple(describe(op, desired.origins, observed, config.dummy_device) for op in ops)
     return DiffResult(lines, desired.warnings, notes)
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    plan: Plan
-    report: ApplyReport
-
-
-def sync(kernel: Kernel, desired: Desired, node: api.NodeView, config: Config) -> SyncResult:
-    """One level-triggered pass: observe, plan against the desired state, apply."""
-    ops = plan(desired.state, kernel.observe(), ownership=ownership_for(config, node.addresses))
-    report = kernel.apply(ops) if ops else ApplyReport()
-    for failure in report.failures:
-        log.error("operation failed: %s", failure.error)
-    return SyncResult(ops, report)
 
 
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:

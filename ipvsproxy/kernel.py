@@ -11,12 +11,12 @@ Imports: model, errors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ipvsproxy.errors import KernelError
-from ipvsproxy.model import IpvsState, Op
+from ipvsproxy.model import IpvsState, Op, RSKey, VSKey
 
 Plan = tuple[Op, ...]
 
@@ -52,5 +52,13 @@ class Kernel(Protocol):
         """Execute ops in order. A per-op KernelError is reported, not raised.
 
         Raises KernelUnavailable only when the backend cannot be used at all.
+        """
+        ...
+
+    def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
+        """(active, inactive) connections per destination of one virtual server.
+
+        Used to drain removed endpoints; a backend without such counters returns {} (every
+        destination then counts as idle). Raises KernelError (NotFound for no such service).
         """
         ...

@@ -8,12 +8,12 @@ Imports: model, kernel, errors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ipvsproxy.errors import KernelError
+from ipvsproxy.errors import KernelError, NotFound
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
-from ipvsproxy.model import EMPTY, IpvsState, Op, transition
+from ipvsproxy.model import EMPTY, IpvsState, Op, RSKey, VSKey, transition
 
 
 class FakeKernel:
@@ -24,10 +24,17 @@ class FakeKernel:
         self.applied: list[Op] = []
         self.errors: dict[Op, KernelError] = {}
         self.observations = 0
+        self.conns: dict[VSKey, dict[RSKey, tuple[int, int]]] = {}  # set by tests
 
     def observe(self) -> IpvsState:
         self.observations += 1
         return self.state
+
+    def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
+        if key not in self.state.services:
+            raise NotFound(f"no virtual server {key}")
+        counts = self.conns.get(key, {})
+        return {rs: counts.get(rs, (0, 0)) for rs in self.state.dests.get(key, {})}
 
     def apply(self, plan: Sequence[Op]) -> ApplyReport:
         failures: list[Failure] = []

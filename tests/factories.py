@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipvsproxy.agent import desired_from_objects
 from ipvsproxy.config import Config, parse_cidrs
-from ipvsproxy.sync.desired import Desired
+from ipvsproxy.sync.desired import Desired, from_objects
 
 
 def port(name="http", number=80, protocol="TCP", target: Any = 8080, node_port=None):
@@ -91,5 +90,5 @@ def node(name="node-a", addresses=("192.168.0.10",)):
 def translate(*objects, node_name="node-a", **config: Any) -> Desired:
     if "nodeport_cidrs" in config:
         config["nodeport_cidrs"] = parse_cidrs(config["nodeport_cidrs"], option="test")
-    desired, _ = desired_from_objects(list(objects), Config(node_name=node_name, **config))
+    desired, _ = from_objects(list(objects), Config(node_name=node_name, **config))
     return desired

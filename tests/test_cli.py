@@ -129,7 +129,8 @@ def test_run_once_exit_codes(monkeypatch):
     from ipvsproxy import agent
     from ipvsproxy.errors import KernelUnavailable, NotFound
     from ipvsproxy.kernel import ApplyReport, Failure
-    from ipvsproxy.model import UnbindAddress
+    from ipvsproxy.model import EMPTY, UnbindAddress
+    from ipvsproxy.sync.engine import SyncResult
 
     def unavailable(config, *, manifest_paths):
         raise KernelUnavailable("the kernel has no IPVS")
@@ -140,13 +141,13 @@ def test_run_once_exit_codes(monkeypatch):
     assert "the kernel has no IPVS" in result.stderr
 
     op = UnbindAddress(ip_address("10.96.0.1"))
-    failed = agent.SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)))
+    failed = SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: failed)
     result = run("run", "--once", "--manifests", str(EXAMPLE))
     assert result.exit_code == 1
     assert "failed: gone" in result.stderr
 
-    done = agent.SyncResult((op,), ApplyReport(1))
+    done = SyncResult((op,), ApplyReport(1), EMPTY)
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: done)
     result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
     assert result.exit_code == 0

@@ -37,6 +37,7 @@ from ipvsproxy.model import (
 
 # netlink (linux/netlink.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLMSG_MIN_TYPE = 0x10  # lower types are netlink's own (noop, error, done, overrun)
 NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x2, 0x4, 0x300
 NLA_F_NESTED = 0x8000
 NLA_TYPE_MASK = 0x3FFF

@@ -25,7 +25,7 @@ import dataclasses
 import operator
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
@@ -188,29 +188,32 @@ class DestDecoder:
         self._previous, self._cache = self._cache, {}
 
     def mapping(self, chunks: Sequence[bytes], service_af: int) -> dict[RSKey, RealServer]:
-        """The destinations of one service dump, by key: the hot path of observe()."""
+        """The destinations of one service dump, by key: the hot path of observe().
+
+        Written as one loop with the cache look-up inline: this runs once per destination
+        of every service on every resync, and each Python call saved is measurable there.
+        """
         out: dict[RSKey, RealServer] = {}
+        layout = self._layout
+        settings_end = layout.settings_end if layout is not None else 0
+        previous, cache, unpack = self._previous, self._cache, _NLMSG.unpack_from
         for buf in chunks:
-            offset = 0
-            while offset + 16 <= len(buf):
-                length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
-                if kind not in (codec.NLMSG_DONE, codec.NLMSG_ERROR) and length > _DEST_OFFSET:
-                    rs = self._cached(buf, offset, length, service_af)
+            offset, size = 0, len(buf)
+            while offset + 16 <= size:
+                length, kind, _, _, _ = unpack(buf, offset)
+                if kind >= codec.NLMSG_MIN_TYPE and length > _DEST_OFFSET:
+                    if settings_end:
+                        start = offset + _DEST_OFFSET
+                        raw = buf[start : start + settings_end]
+                        rs = previous.get(raw) or self._one(buf, offset, length, service_af)[0]
+                        cache[raw] = rs
+                    else:  # no layout learnt yet: this one teaches it
+                        rs = self._one(buf, offset, length, service_af)[0]
+                        layout = self._layout
+                        settings_end = layout.settings_end if layout is not None else 0
                     out[rs.key] = rs
                 offset += (length + 3) & ~3
         return out
-
-    def _cached(self, buf: bytes, offset: int, length: int, af: int) -> RealServer:
-        layout = self._layout
-        start = offset + _DEST_OFFSET
-        if layout is None or not layout.settings_end:
-            return self._one(buf, offset, length, af)[0]
-        raw = buf[start : start + layout.settings_end]
-        rs = self._previous.get(raw)
-        if rs is None:
-            rs = self._one(buf, offset, length, af)[0]
-        self._cache[raw] = rs
-        return rs
 
     def decode(self, chunks: Sequence[bytes], service_af: int) -> list[DestEntry]:
         """Destinations with their (active, inactive) connection counts."""
@@ -219,45 +222,38 @@ class DestDecoder:
             offset = 0
             while offset + 16 <= len(buf):
                 length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
-                if kind not in (codec.NLMSG_DONE, codec.NLMSG_ERROR) and length > _DEST_OFFSET:
+                if kind >= codec.NLMSG_MIN_TYPE and length > _DEST_OFFSET:
                     out.append(self._one(buf, offset, length, service_af))
                 offset += (length + 3) & ~3
         return out
 
-    def _one(self, buf: bytes, offset: int, length: int, service_af: int) -> DestEntry:
+    def _one(self, buf: bytes, offset: int, length: int, af: int) -> DestEntry:
         layout = self._layout
         start = offset + _DEST_OFFSET
         if layout is not None and start + layout.struct.size <= offset + length:
             values = layout.struct.unpack_from(buf, start)
             if values[0::3] == layout.lengths and values[1::3] == layout.kinds:
-                return self._build(layout.pick(values), service_af)
-        entry = codec.decode_dest(memoryview(buf)[start : offset + length], service_af)
+                raw_addr, port, fwd, weight, upper, lower, active, inactive = layout.pick(values)
+                address = self._addresses.get(raw_addr)
+                if address is None:
+                    address = _ipv4(raw_addr) if af == socket.AF_INET else IPv6Address(raw_addr)
+                    self._addresses[raw_addr] = address
+                if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
+                    port = ((port & 0xFF) << 8) | (port >> 8)
+                key = _new(RSKey)
+                _rs_key_address(key, address)
+                _rs_key_port(key, port)
+                rs = _new(RealServer)
+                _rs_key(rs, key)
+                _rs_weight(rs, weight)
+                _rs_forward(rs, _FORWARD[fwd & 7])
+                _rs_upper(rs, upper)
+                _rs_lower(rs, lower)
+                return rs, active, inactive
+        entry = codec.decode_dest(memoryview(buf)[start : offset + length], af)
         if layout is None:
             self._layout = _learn(buf, start, offset + length)
         return entry
-
-    def _build(self, picked: tuple[Any, ...], af: int) -> DestEntry:
-        raw_addr, port, fwd, weight, upper, lower, active, inactive = picked
-        address = self._address(raw_addr, af)
-        if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
-            port = ((port & 0xFF) << 8) | (port >> 8)
-        key = _new(RSKey)
-        _rs_key_address(key, address)
-        _rs_key_port(key, port)
-        rs = _new(RealServer)
-        _rs_key(rs, key)
-        _rs_weight(rs, weight)
-        _rs_forward(rs, _FORWARD[fwd & 7])
-        _rs_upper(rs, upper)
-        _rs_lower(rs, lower)
-        return rs, active, inactive
-
-    def _address(self, raw: bytes, af: int) -> IPAddress:
-        found = self._addresses.get(raw)
-        if found is None:
-            found = IPv4Address(raw[:4]) if af == socket.AF_INET else IPv6Address(raw)
-            self._addresses[raw] = found
-        return found
 
 
 _LITTLE = struct.pack("=H", 1) == b"\x01\x00"
@@ -284,6 +280,36 @@ _RS_FIELDS = ("key", "weight", "forward", "upper_threshold", "lower_threshold")
 _check_fields()
 _rs_key_address, _rs_key_port = _slot(RSKey, "address"), _slot(RSKey, "port")
 _rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = (_slot(RealServer, n) for n in _RS_FIELDS)
+
+# An IPv4Address is built the same way, through its one slot (`_ip`, an int), skipping the
+# constructor's type dispatch and range check (0.8 us instead of 1.4 us natively): every
+# destination address of a first observation is new. The 4 bytes always fit. If a Python
+# release changes IPv4Address's internals, the self-check below falls back to the constructor.
+_ipv4_ip = _slot(IPv4Address, "_ip") if "_ip" in IPv4Address.__dict__ else None
+
+
+def _ipv4_by_slot(raw: bytes) -> IPv4Address:
+    address = _new(IPv4Address)
+    _ipv4_ip(address, int.from_bytes(raw[:4], "big"))  # type: ignore[misc]
+    return address
+
+
+def _ipv4_by_constructor(raw: bytes) -> IPv4Address:
+    return IPv4Address(raw[:4])
+
+
+def _pick_ipv4() -> Callable[[bytes], IPv4Address]:
+    sample = b"\xc0\x00\x02\x81" + bytes(12)
+    try:
+        fast, slow = _ipv4_by_slot(sample), _ipv4_by_constructor(sample)
+        if (fast, hash(fast), str(fast), fast.packed) == (slow, hash(slow), str(slow), slow.packed):
+            return _ipv4_by_slot
+    except (TypeError, AttributeError):  # pragma: no cover
+        pass
+    return _ipv4_by_constructor  # pragma: no cover
+
+
+_ipv4 = _pick_ipv4()
 
 
 def _learn(buf: bytes, start: int, end: int) -> _Layout | None:

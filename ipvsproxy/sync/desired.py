@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ipvsproxy import api
 from ipvsproxy.api import (
     PROXY_NAME_LABEL,
     EndpointSliceView,
@@ -56,6 +57,21 @@ class _Frontend:
 
 # (endpoint, port number) pairs for one Service port
 _Backends = list[tuple[EndpointView, int]]
+
+
+def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desired, NodeView]:
+    """Parse raw API objects and translate them for this node (`config.node_name`)."""
+    parsed = api.parse_objects(objects)
+    node = next((n for n in parsed.nodes if n.name == config.node_name), None)
+    warnings = list(parsed.warnings)
+    if node is None:
+        warnings.append(
+            f"Node {config.node_name!r} is not in the input: no NodePort virtual servers "
+            "(set --hostname-override to the node's name)"
+        )
+        node = NodeView(config.node_name)
+    desired = desired_state(parsed.services, parsed.slices, node, config)
+    return Desired(desired.state, desired.origins, (*warnings, *desired.warnings)), node
 
 
 def desired_state(
