@@ -164,12 +164,12 @@ class Lab:
 
     @staticmethod
     def _hold(conn: socket.socket, name: str) -> None:
-        """Answer, then keep the connection open until the client closes it."""
+        """Answer, then echo what comes until the client closes the connection."""
         with conn:
             try:
                 conn.sendall(name.encode() + b"\n")
-                while conn.recv(64):
-                    pass
+                while data := conn.recv(64):
+                    conn.sendall(data)
             except OSError:
                 pass
 
@@ -212,6 +212,21 @@ def request(
     name, sock = connect(ns, vip, port, source=source, proto=proto)
     sock.close()
     return name
+
+
+def alive(sock: socket.socket) -> bool:
+    """Whether an open connection still carries data both ways (the backend echoes)."""
+    try:
+        sock.sendall(b"ping\n")
+        data = b""
+        while not data.endswith(b"ping\n"):
+            chunk = sock.recv(64)
+            if not chunk:
+                return False
+            data += chunk
+        return True
+    except OSError:
+        return False
 
 
 def udp_request(ns: str, vip: str, port: int) -> str:

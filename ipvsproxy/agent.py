@@ -1,8 +1,11 @@
-"""The composition root: wires inputs, the pure core and a kernel into the CLI's commands.
+"""The composition root: wires sources, the pure core and a kernel into the CLI's commands.
 
-Owns: `diff()` (desired state from manifests, observed state from a saved ipvsadm file or
-the live kernel, plan, rendered lines; never changes anything), `sync()` (one pass: observe,
-plan, apply) and `run_once()` (prepare the node, one sync of manifests into the live kernel).
+Owns: `diff()` (desired state from manifests or the API, observed state from a saved ipvsadm
+file or the live kernel, the plan in words; never changes anything), `run_once()` (prepare
+the node, one sync of manifests) and `run()` (the long-running agent: sources feeding a
+tracker, a bounded-frequency runner calling the sync pass, metrics and health endpoints,
+signals). The threads: one per API watch (or the manifest poller), one per HTTP endpoint,
+and the caller's thread runs the sync loop; the `kubernetes` client is synchronous.
 
 Imports: everything below it; never click.
 """
@@ -11,25 +14,48 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ipvsproxy import api, ipvsadm, manifests
 from ipvsproxy.config import Config
-from ipvsproxy.errors import ConfigError
+from ipvsproxy.errors import ConfigError, IpvsproxyError
 from ipvsproxy.model import IpvsState
 from ipvsproxy.sync.desired import Desired, from_objects
+from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.engine import SyncResult, sync
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
 from ipvsproxy.sync.render import Line, describe
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
 if TYPE_CHECKING:
     from ipvsproxy.netlink import NetlinkKernel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifests:
+    """Objects from YAML/JSON files and directories."""
+
+    paths: tuple[Path, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Objects from the Kubernetes API (kubeconfig, else in-cluster, else the default)."""
+
+    kubeconfig: Path | None = None
+    context: str | None = None
+
+
+Source = Manifests | Cluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +75,21 @@ def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desir
     return from_objects(manifests.load(paths), config)
 
 
+def desired_from(source: Source, config: Config) -> tuple[Desired, api.NodeView]:
+    """One read of the source (for the API: one list of each kind), translated."""
+    if isinstance(source, Manifests):
+        return desired_from_manifests(source.paths, config)
+    from ipvsproxy import kube
+
+    tracker = Tracker()
+    with kube.connect(kubeconfig=source.kubeconfig, context=source.context) as client:
+        for kind in (SERVICE, SLICE, NODE):
+            kube.Watcher(
+                kind, api=client, node_name=config.node_name, sink=tracker, stop=threading.Event()
+            ).list_all()
+    return from_objects(tracker.snapshot().objects, config)
+
+
 def read_kernel_state(path: Path) -> IpvsState:
     try:
         text = path.read_text(encoding="utf-8")
@@ -57,27 +98,30 @@ def read_kernel_state(path: Path) -> IpvsState:
     return ipvsadm.parse_save(text)
 
 
-def diff(
-    config: Config, *, manifest_paths: Sequence[Path], kernel_state: Path | None
-) -> DiffResult:
+def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffResult:
     """The plan `run` would apply, in words; changes nothing.
 
     Observed state comes from `kernel_state` (a saved `ipvsadm-save -n`) or, without it,
-    from the live kernel (root on a host with IPVS).
+    from the live kernel (root on a host with IPVS); there, removed endpoints that still have
+    connections are shown going to weight 0 first, as `run` drains them.
     """
-    desired, node = desired_from_manifests(manifest_paths, config)
+    desired, node = desired_from(source, config)
     notes: tuple[str, ...] = ()
+    state = desired.state
     if kernel_state is not None:
         observed = read_kernel_state(kernel_state)
         notes = (
             f"addresses on {config.dummy_device} are not compared: {kernel_state} is a saved "
             "ipvsadm table, which does not record them",
+            "connection counts are unknown: removed endpoints are shown deleted, not drained",
         )
     else:
         with _live_kernel(config) as kernel:
             observed = kernel.observe()
+            drainer = Drainer(timeout=config.drain_timeout)
+            state = drainer.hold(state, observed, connections=kernel.connections).state
     ops = plan(
-        desired.state,
+        state,
         observed,
         ownership=ownership_for(config, node.addresses),
         manage_addresses=kernel_state is None,
@@ -88,21 +132,181 @@ def diff(
 
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
-    from ipvsproxy.netlink import sysctl
-
     desired, node = desired_from_manifests(manifest_paths, config)
     for warning in desired.warnings:
         log.warning("%s", warning)
     with _live_kernel(config) as kernel:  # first: no IPVS, nothing on the node is touched
-        settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
-        for setting in sysctl.ensure(settings):
-            log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
-        kernel.set_timeouts(
-            tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
-        )
+        _prepare_node(kernel, config)
         result = sync(kernel, desired, node, config)
     log.info("sync done: %d operations, %d failed", len(result.plan), len(result.report.failures))
     return result
+
+
+def run(config: Config, *, source: Source, stop: threading.Event | None = None) -> None:
+    """The agent: keep the kernel in sync with the source until SIGTERM/SIGINT or `stop`.
+
+    Kernel rules are left in place when it stops, so traffic keeps flowing across restarts.
+    Raises KernelUnavailable (no IPVS) before touching anything, ConfigError for bad input
+    or busy ports, WatchError when the API refuses us for good.
+    """
+    from ipvsproxy.daemon import SyncPass
+    from ipvsproxy.metrics import Metrics
+    from ipvsproxy.serve import Health
+    from ipvsproxy.sync.runner import Runner
+
+    stop = stop or threading.Event()
+    metrics = Metrics()
+    health = Health(timeout=2 * config.sync_period)
+    fatal: list[IpvsproxyError] = []
+
+    def changed(kind: str) -> None:
+        metrics.changed(kind)
+        metrics.queued()
+        health.queued()
+        runner.request()
+
+    tracker = Tracker(required=(SERVICE, SLICE, NODE), on_change=changed)
+    with _live_kernel(config) as kernel:
+        _prepare_node(kernel, config)
+        metrics.use_backend("ipvs")
+        health.detail = {"backend": "ipvs"}
+        sync_pass = SyncPass(
+            kernel=kernel, config=config, tracker=tracker, metrics=metrics, health=health
+        )
+        runner = Runner(
+            sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period
+        )
+        sync_pass.runner = runner
+
+        def halt(error: IpvsproxyError | None = None) -> None:
+            if error is not None:
+                fatal.append(error)
+            stop.set()
+            runner.stop()
+
+        servers = _serve(config, metrics.render, health.route)
+        cleanups: list[Callable[[], object]] = [server.close for server in servers]
+        try:
+            threads = _start_sources(source, config, tracker, stop, halt, metrics, cleanups)
+            with _signals(halt):
+                if not stop.is_set():
+                    log.info("running: %s", _describe(source))
+                    runner.loop()
+        finally:
+            stop.set()
+            for cleanup in cleanups:
+                cleanup()
+        for thread in threads:
+            thread.join(timeout=0.5)  # watchers blocked in a read are daemons: not waited for
+    if fatal:
+        raise fatal[0]
+    log.info("stopped; IPVS rules left in place")
+
+
+def _prepare_node(kernel: NetlinkKernel, config: Config) -> None:
+    from ipvsproxy.netlink import sysctl
+
+    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
+    for setting in sysctl.ensure(settings):
+        log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
+    kernel.set_timeouts(
+        tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
+    )
+
+
+def _serve(config: Config, metrics: Callable[[], bytes], health: Any) -> list[Any]:
+    from ipvsproxy.serve import HttpServer
+
+    text = "text/plain; version=0.0.4; charset=utf-8"
+    servers = [
+        HttpServer(config.metrics_bind_address, {"/metrics": lambda: (200, text, metrics())})
+    ]
+    try:
+        servers.append(
+            HttpServer(config.healthz_bind_address, {"/healthz": health, "/livez": health})
+        )
+    except ConfigError:
+        servers[0].close()
+        raise
+    return [server.start() for server in servers]
+
+
+def _start_sources(
+    source: Source,
+    config: Config,
+    tracker: Tracker,
+    stop: threading.Event,
+    halt: Callable[[IpvsproxyError | None], None],
+    metrics: Any,
+    cleanups: list[Callable[[], object]],
+) -> list[threading.Thread]:
+    """Threads feeding the tracker; a fatal error in one halts the agent."""
+
+    def guarded(name: str, target: Callable[[], None]) -> threading.Thread:
+        def body() -> None:
+            try:
+                target()
+            except IpvsproxyError as exc:
+                log.error("%s: %s", name, exc)
+                halt(exc)
+            except Exception as exc:  # a bug must stop the agent loudly, not leave it deaf
+                log.exception("%s crashed", name)
+                halt(IpvsproxyError(f"{name} crashed: {exc!r}"))
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    if isinstance(source, Manifests):
+        from ipvsproxy.static import ManifestSource
+
+        poller = ManifestSource(source.paths, sink=tracker, stop=stop)
+        poller.load()  # unreadable at start: a ConfigError, exit 2
+        return [guarded("manifests", poller.run)]
+
+    from ipvsproxy import kube
+
+    client = kube.connect(kubeconfig=source.kubeconfig, context=source.context)
+    cleanups.append(client.close)
+    return [
+        guarded(
+            f"watch-{kind}",
+            kube.Watcher(
+                kind,
+                api=client,
+                node_name=config.node_name,
+                sink=tracker,
+                stop=stop,
+                on_restart=lambda k, reason: metrics.watch_restarts.labels(k, reason).inc(),
+            ).run,
+        )
+        for kind in (SERVICE, SLICE, NODE)
+    ]
+
+
+@contextmanager
+def _signals(halt: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM/SIGINT stop the agent after the sync in progress; old handlers come back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        halt()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _describe(source: Source) -> str:
+    if isinstance(source, Manifests):
+        return "manifests from " + ", ".join(map(str, source.paths))
+    return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"
 
 
 def _live_kernel(config: Config) -> NetlinkKernel:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -20,8 +21,15 @@ from typing import Any, TypeVar
 import click
 
 from ipvsproxy import __version__, agent
-from ipvsproxy.config import Config, parse_cidrs, parse_port_range, parse_scheduler
+from ipvsproxy.config import (
+    Config,
+    parse_cidrs,
+    parse_duration,
+    parse_port_range,
+    parse_scheduler,
+)
 from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelUnavailable
+from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
 
 EXIT_FAILED_OPS = 1
@@ -32,14 +40,37 @@ log = logging.getLogger("ipvsproxy")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-manifests_option = click.option(
-    "--manifests",
-    "manifest_paths",
-    multiple=True,
-    required=True,
-    type=click.Path(path_type=Path),
-    help="YAML/JSON files or directories with Services, EndpointSlices and Nodes (repeatable).",
-)
+def source_options(func: F) -> F:
+    """Where Services, EndpointSlices and Nodes come from: files, or the Kubernetes API."""
+    options = [
+        click.option(
+            "--manifests",
+            "manifest_paths",
+            multiple=True,
+            type=click.Path(path_type=Path),
+            help="YAML/JSON files or directories with Services, EndpointSlices and Nodes "
+            "(repeatable); instead of the API.",
+        ),
+        click.option(
+            "--kubeconfig",
+            type=click.Path(path_type=Path),
+            help="kubeconfig file (default: in-cluster config, else ~/.kube/config).",
+        ),
+        click.option("--context", help="The kubeconfig context to use."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def make_source(opts: dict[str, Any]) -> agent.Source:
+    paths = tuple(opts.pop("manifest_paths"))
+    kubeconfig, context = opts.pop("kubeconfig"), opts.pop("context")
+    if paths and (kubeconfig or context):
+        raise ConfigError("--manifests and --kubeconfig/--context exclude each other")
+    if paths:
+        return agent.Manifests(paths)
+    return agent.Cluster(kubeconfig, context)
 
 
 def node_options(func: F) -> F:
@@ -48,7 +79,9 @@ def node_options(func: F) -> F:
         click.option(
             "--hostname-override",
             metavar="NAME",
-            help="This node's name: which endpoints are local (default: the host name).",
+            envvar="NODE_NAME",
+            help="This node's name: which endpoints are local (default: $NODE_NAME, else "
+            "the host name).",
         ),
         click.option(
             "--nodeport-addresses",
@@ -133,15 +166,40 @@ def errors_to_exit(func: F) -> F:
     default="info",
     show_default=True,
 )
-def main(log_level: str) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, msg).",
+)
+def main(log_level: str, log_format: str) -> None:
     """ipvsproxy: Kubernetes Service VIPs with the kernel's IPVS load balancer."""
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(levelname)s %(message)s"
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TEXT_FORMAT)
+    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
+    for noisy in ("urllib3", "kubernetes"):  # their debug lines would drown ours
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+TEXT_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
 
 
 @main.command()
-@manifests_option
+@source_options
 @click.option(
     "--kernel-state",
     type=click.Path(path_type=Path),
@@ -151,15 +209,14 @@ def main(log_level: str) -> None:
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
 @node_options
 @errors_to_exit
-def diff(
-    manifest_paths: tuple[Path, ...], kernel_state: Path | None, output: str, **opts: Any
-) -> None:
+def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     """Dry run: print the plan `run` would apply; change nothing.
 
     Exit status: 0 in sync, 1 changes pending, 2 error.
     """
+    source = make_source(opts)
     config = make_config(opts)
-    result = agent.diff(config, manifest_paths=manifest_paths, kernel_state=kernel_state)
+    result = agent.diff(config, source=source, kernel_state=kernel_state)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     if output == "json":
@@ -169,31 +226,71 @@ def diff(
     sys.exit(result.exit_code)
 
 
+def duration(name: str, default: str, text: str) -> Callable[[F], F]:
+    return click.option(name, default=default, show_default=True, metavar="DURATION", help=text)
+
+
 @main.command()
-@manifests_option
+@source_options
 @click.option("--once", is_flag=True, help="Sync once, then exit (0: all applied, 1: failures).")
+@duration("--min-sync-period", "1s", "At most one sync per this (e.g. 1s, 500ms).")
+@duration("--sync-period", "30s", "At least one full resync per this.")
+@duration("--drain-timeout", "30s", "How long a removed endpoint keeps its connections.")
+@click.option("--metrics-bind-address", default="127.0.0.1:10249", show_default=True)
+@click.option("--healthz-bind-address", default="127.0.0.1:10256", show_default=True)
 @click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
 @click.option("--tcp-timeout", type=click.IntRange(min=0), default=0, help="IPVS TCP timeout, s.")
 @click.option("--tcp-fin-timeout", type=click.IntRange(min=0), default=0, help="... TCP FIN, s.")
 @click.option("--udp-timeout", type=click.IntRange(min=0), default=0, help="IPVS UDP timeout, s.")
 @node_options
 @errors_to_exit
-def run(manifest_paths: tuple[Path, ...], once: bool, **opts: Any) -> None:
-    """Program the kernel's IPVS table from Services and EndpointSlices."""
-    if not once:
-        raise ConfigError(
-            "only --once is available in this version: the long-running loop and the "
-            "Kubernetes API source (--kubeconfig) are not implemented yet"
+def run(once: bool, **opts: Any) -> None:
+    """Program the kernel's IPVS table from Services and EndpointSlices.
+
+    Watches the Kubernetes API (--kubeconfig, else in-cluster, else ~/.kube/config), or
+    reads --manifests and re-reads them when they change. Stops on SIGTERM/SIGINT, leaving
+    the rules in place. Exit status: 0 stopped (or, with --once, all applied), 1 some
+    operations failed (--once), 2 bad input or the API refused us, 3 no IPVS.
+    """
+    source = make_source(opts)
+    config = run_config(opts)
+    if once:
+        if not isinstance(source, agent.Manifests):
+            raise ConfigError("--once needs --manifests (the API source is long-running)")
+        result = agent.run_once(config, manifest_paths=source.paths)
+        click.echo(
+            f"applied {result.report.applied} of {len(result.plan)} operations"
+            + (f", {len(result.report.failures)} failed" if result.report.failures else "")
         )
-    timing = {
-        k: opts.pop(k) for k in ("strict_arp", "tcp_timeout", "tcp_fin_timeout", "udp_timeout")
-    }
-    config = dataclasses.replace(make_config(opts), **timing)
-    result = agent.run_once(config, manifest_paths=manifest_paths)
-    click.echo(
-        f"applied {result.report.applied} of {len(result.plan)} operations"
-        + (f", {len(result.report.failures)} failed" if result.report.failures else "")
+        for failure in result.report.failures:
+            click.echo(f"failed: {failure.error}", err=True)
+        sys.exit(EXIT_FAILED_OPS if result.report.failures else 0)
+    agent.run(config, source=source)
+
+
+def run_config(opts: dict[str, Any]) -> Config:
+    """`make_config` plus run's own options."""
+
+    def seconds(name: str) -> float:
+        return parse_duration(opts.pop(name), option="--" + name.replace("_", "-"))
+
+    def bind(name: str) -> tuple[str, int]:
+        return parse_bind_address(opts.pop(name), option="--" + name.replace("_", "-"))
+
+    min_sync, sync_period, drain = (
+        seconds(n) for n in ("min_sync_period", "sync_period", "drain_timeout")
     )
-    for failure in result.report.failures:
-        click.echo(f"failed: {failure.error}", err=True)
-    sys.exit(EXIT_FAILED_OPS if result.report.failures else 0)
+    if sync_period <= 0 or min_sync > sync_period:
+        raise ConfigError("--sync-period must be positive and at least --min-sync-period")
+    return dataclasses.replace(
+        make_config(opts),
+        strict_arp=opts.pop("strict_arp"),
+        tcp_timeout=opts.pop("tcp_timeout"),
+        tcp_fin_timeout=opts.pop("tcp_fin_timeout"),
+        udp_timeout=opts.pop("udp_timeout"),
+        min_sync_period=min_sync,
+        sync_period=sync_period,
+        drain_timeout=drain,
+        metrics_bind_address=bind("metrics_bind_address"),
+        healthz_bind_address=bind("healthz_bind_address"),
+    )

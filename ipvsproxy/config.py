@@ -9,6 +9,7 @@ Imports: schedulers, model, errors, the standard library.
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network, ip_network
@@ -37,6 +38,11 @@ class Config:
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
     tcp_fin_timeout: int = 0
     udp_timeout: int = 0
+    min_sync_period: float = 1.0  # seconds: at most one sync per this
+    sync_period: float = 30.0  # seconds: at least one full resync per this
+    drain_timeout: float = 30.0  # seconds a removed endpoint may keep its connections
+    metrics_bind_address: tuple[str, int] = ("127.0.0.1", 10249)
+    healthz_bind_address: tuple[str, int] = ("127.0.0.1", 10256)
 
     def selects_nodeport_address(self, address: IPAddress) -> bool:
         """Whether NodePorts listen on this node address (`--nodeport-addresses`)."""
@@ -72,3 +78,24 @@ def parse_scheduler(text: str, *, option: str) -> Scheduler:
     except ValueError:
         known = ", ".join(s.value for s in Scheduler)
         raise ConfigError(f"{option}: {text!r} is not an IPVS scheduler ({known})") from None
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(text: str, *, option: str) -> float:
+    """A Go-style duration as kube-proxy takes it (`1s`, `500ms`, `1m30s`) or plain seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = _DURATION.findall(value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise ConfigError(
+                f"{option}: {text!r} is not a duration like 30s, 500ms or 1m30s"
+            ) from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise ConfigError(f"{option}: {text!r} must be a finite, non-negative duration")
+    return seconds

@@ -3,6 +3,7 @@
     IpvsproxyError
     ├── ConfigError          bad flags, unreadable or malformed input files
     ├── StateParseError      an observed-state text (ipvsadm-save) that cannot be read
+    ├── WatchError           the Kubernetes API refuses us in a way retrying cannot fix
     └── KernelError          one kernel operation failed
         ├── NotFound         the object to change or delete does not exist
         ├── AlreadyExists    the object to add exists already
@@ -23,6 +24,10 @@ class ConfigError(IpvsproxyError):
 
 class StateParseError(IpvsproxyError):
     """A saved kernel state (the text of `ipvsadm-save -n`) could not be parsed."""
+
+
+class WatchError(IpvsproxyError):
+    """The API server refused a list or watch for good (a wrong token, no RBAC, no such API)."""
 
 
 class KernelError(IpvsproxyError):

@@ -30,6 +30,19 @@ def load(paths: Sequence[Path]) -> list[RawObject]:
     return objects
 
 
+def fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+    """What changes when any input file is added, removed or written: name, mtime, size."""
+    out = []
+    for path in paths:
+        for file in _files(path):
+            try:
+                stat = file.stat()
+            except OSError:  # removed between listing and stat: the next look sees it
+                continue
+            out.append((str(file), stat.st_mtime_ns, stat.st_size))
+    return tuple(out)
+
+
 def _files(path: Path) -> Iterator[Path]:
     if path.is_dir():
         yield from sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)

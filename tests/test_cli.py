@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from ipaddress import ip_address
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -119,10 +120,53 @@ def test_malformed_object_in_manifests_is_a_warning_not_an_error(tmp_path):
     assert "skipping malformed Service x/bad: spec.ports[0].port 0" in result.stderr
 
 
-def test_run_without_once_is_a_clear_error():
-    result = run("run", "--manifests", str(EXAMPLE))
-    assert result.exit_code == 2
-    assert "only --once is available" in result.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sync-period", "soon"], "--sync-period: 'soon' is not a duration"),
+        (["--min-sync-period", "1m", "--sync-period", "30s"], "at least --min-sync-period"),
+        (["--metrics-bind-address", "localhost"], "is not ADDRESS:PORT"),
+        (["--healthz-bind-address", "1.2.3.4:70000"], "is not ADDRESS:PORT"),
+        (["--kubeconfig", "/nonexistent", "--manifests", "x"], "exclude each other"),
+        (["--kubeconfig", "/nonexistent", "--once"], "--once needs --manifests"),
+    ],
+)
+def test_run_rejects_bad_options_clearly(args, message):
+    result = run("run", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_run_hands_the_parsed_config_and_source_to_the_agent(monkeypatch):
+    from ipvsproxy import agent
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
+    monkeypatch.setenv("NODE_NAME", "node-from-env")
+    result = run(
+        "run", "--kubeconfig", "kc.yaml", "--context", "prod", "--min-sync-period", "500ms",
+        "--sync-period", "1m30s", "--drain-timeout", "0", "--metrics-bind-address", "[::1]:0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = seen["c"]
+    assert (config.min_sync_period, config.sync_period, config.drain_timeout) == (0.5, 90, 0)
+    assert config.metrics_bind_address == ("::1", 0)
+    assert config.healthz_bind_address == ("127.0.0.1", 10256)
+    assert config.node_name == "node-from-env"
+    assert seen["s"] == agent.Cluster(Path("kc.yaml"), "prod")
+
+
+def test_run_without_ipvs_exits_3_before_touching_anything(tmp_path):
+    """This host's kernel has no IPVS: the real backend must say so and exit 3."""
+    from pathlib import Path as P
+
+    if P("/proc/net/ip_vs").exists():
+        pytest.skip("this kernel has IPVS")
+    result = run("run", "--manifests", str(EXAMPLE), "--metrics-bind-address", "127.0.0.1:0",
+                 "--healthz-bind-address", "127.0.0.1:0")  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert "IPVS" in result.stderr
 
 
 def test_run_once_exit_codes(monkeypatch):

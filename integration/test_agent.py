@@ -1,0 +1,286 @@
+"""`ipvsproxy run --kubeconfig` end to end: the real console script, the real `kubernetes`
+client over HTTPS to the test API server, the real kernel, real traffic from namespaces.
+
+One long scenario on one agent (starting Python with the Kubernetes client is slow under
+emulation): converge, traffic per Service kind, scale, drain, restarts (SIGTERM and kill -9),
+a 60 s API outage, a 410 relist, steady state, deletion, and a foreign virtual server that is
+never touched. Run by scripts/vm-test inside the IPVS VM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.conftest import clean_ipvs
+from integration.lab import PORT, Lab, alive, connect, request, udp_request
+from tests.factories import ep, node, port, service, slice_
+from tests.kubeapi import ApiServer
+
+NODE_IP = "10.250.1.1"  # the node's address on the client's link (lab.py topology)
+FOREIGN = ["-t", "192.168.99.1:443"]
+DRAIN = 12.0
+SYNC_PERIOD = 3.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def saved() -> str:
+    return subprocess.run(["ipvsadm-save", "-n"], capture_output=True, text=True, check=True).stdout
+
+
+def eventually(check: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what or check}\n{saved()}")
+        time.sleep(0.3)
+
+
+class Agent:
+    """The console script as an operator runs it; its log kept in a file."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.args = [
+            str(Path(sys.executable).parent / "ipvsproxy"), "--log-format", "json",
+            "run", "--kubeconfig", str(kubeconfig), "--hostname-override", "node-a",
+            "--service-cidr", "10.96.0.0/16", "--min-sync-period", "200ms",
+            "--sync-period", f"{SYNC_PERIOD}s", "--drain-timeout", f"{DRAIN}s",
+            "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
+            "--healthz-bind-address", f"127.0.0.1:{self.health_port}",
+        ]  # fmt: skip
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Agent:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.args, stdout=out, stderr=out)
+        eventually(self._serving, 120, "the agent serves /healthz")
+        return self
+
+    def _serving(self) -> bool:
+        assert self.proc is not None
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        try:
+            self.health()
+        except OSError:
+            return False
+        return True
+
+    def health(self) -> dict[str, object]:
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        body: dict[str, object] = json.load(urllib.request.urlopen(url, timeout=5))
+        return body
+
+    def metric(self, name: str, **labels: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels
+                       else "")  # fmt: skip
+        total = 0.0
+        for line in text.splitlines():
+            key, _, value = line.rpartition(" ")
+            if key == want or (not labels and key.startswith(name + "{")):
+                total += float(value)
+        return total
+
+    def writes(self) -> float:
+        return self.metric("ipvsproxy_kernel_operations_total")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+    def logged(self, text: str) -> bool:
+        return text in self.log.read_text()
+
+
+def objects(lab: Lab, web_backends: int) -> list[dict[str, Any]]:
+    b = [x.address for x in lab.backends]
+    web_ports = (("http", PORT, "TCP"), ("dns", PORT, "UDP"))
+    return [
+        node(addresses=(NODE_IP,)),
+        service("web", cluster_ips=("10.96.0.10",),
+                ports=[port("http", 80, "TCP", PORT), port("dns", 53, "UDP", PORT)]),
+        slice_("web", ports=web_ports, endpoints=[ep(a) for a in b[:web_backends]]),
+        service("np", type="NodePort", cluster_ips=("10.96.0.11",),
+                ports=[port("http", 80, "TCP", PORT, node_port=30080)]),
+        slice_("np", ports=(("http", PORT, "TCP"),), endpoints=[ep(b[0])]),
+        service("lb", type="LoadBalancer", cluster_ips=("10.96.0.12",),
+                ports=[port("http", 80, "TCP", PORT, node_port=30081)],
+                externalIPs=["198.51.100.7"],
+                status={"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}),
+        slice_("lb", ports=(("http", PORT, "TCP"),), endpoints=[ep(b[1])]),
+        service("broken", cluster_ips=("10.96.0.13",), ports=[{"port": 0}]),  # malformed
+        service("headless", cluster_ips=("None",)),
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def world(tmp_path) -> Iterator[tuple[ApiServer, Lab, Path]]:
+    clean_ipvs()
+    lab = Lab()
+    api = ApiServer(bookmark_interval=1.0).start()
+    try:
+        for _ in range(3):
+            lab.add_backend()
+        lab.add_client()
+        yield api, lab, api.write_kubeconfig(tmp_path / "kubeconfig")
+    finally:
+        api.stop()
+        lab.close()
+        clean_ipvs()
+
+
+def web_counts(ns: str, n: int = 6) -> Counter[str]:
+    return Counter(request(ns, "10.96.0.10", 80) for _ in range(n))
+
+
+def test_agent_end_to_end(world, tmp_path):
+    api, lab, kubeconfig = world
+    client = lab.clients[0]
+    subprocess.run(["ipvsadm", "-A", *FOREIGN, "-s", "wlc"], check=True)  # not ours
+    for obj in objects(lab, web_backends=2):
+        api.put(obj)
+    agent = Agent(kubeconfig, tmp_path / "agent.log").start()
+
+    # converge; every kind of Service carries real traffic
+    eventually(lambda: "-A -t 203.0.113.10:80" in saved(), what="LoadBalancer VS")
+    assert web_counts(client) == {"b1": 3, "b2": 3}
+    assert udp_request(client, "10.96.0.10", 53) in {"b1", "b2"}
+    assert request(client, NODE_IP, 30080) == "b1"
+    assert request(client, "203.0.113.10", 80) == "b2"
+    assert request(client, "198.51.100.7", 80) == "b2"
+    assert agent.logged("skipping malformed Service default/broken")
+    assert "10.96.0.13" not in saved()
+    assert agent.health()["backend"] == "ipvs"
+    assert "-A -t 192.168.99.1:443 -s wlc" in saved()
+
+    # scale up, then down while a connection to the removed endpoint stays open
+    api.put(objects(lab, web_backends=3)[2])
+    eventually(lambda: set(web_counts(client)) == {"b1", "b2", "b3"}, what="b3 serves")
+    held: dict[str, socket.socket] = {}
+    while "b3" not in held:  # a long-lived connection to b3
+        name, sock = connect(client, "10.96.0.10", 80)
+        held.setdefault(name, sock)
+    api.put(objects(lab, web_backends=2)[2])
+    b3 = f"-a -t 10.96.0.10:80 -r {lab.backends[2].address}:{PORT} -m -w 0"
+    eventually(lambda: b3 in saved(), what="b3 drains at weight 0")
+    removed_at = time.monotonic()
+    assert set(web_counts(client, 8)) == {"b1", "b2"}  # no new connections to b3
+    assert alive(held["b3"])  # the established one still works
+    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + 30, "drain ends")
+    assert time.monotonic() - removed_at >= DRAIN - 1  # it was held to the drain timeout
+    assert agent.metric("ipvsproxy_draining_real_servers") == 0
+
+    # restarts keep rules and established connections; a restarted agent writes nothing
+    _, conn = connect(client, "10.96.0.10", 80)
+    before = saved()
+    assert agent.stop(signal.SIGTERM) == 0
+    assert saved() == before
+    assert alive(conn)
+    agent.start()
+    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, what="first sync")
+    assert agent.writes() == 0
+    assert saved() == before
+    assert alive(conn)
+    agent.stop(signal.SIGKILL)
+    assert saved() == before
+    assert alive(conn)
+    agent.start()
+    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1)
+    assert agent.writes() == 0
+    assert alive(conn)
+
+    # a 60 s API outage: nothing changes meanwhile; what changed during it is picked up
+    api.stop()
+    api.put(objects(lab, web_backends=3)[2])  # scaled up while the agent cannot see
+    outage_end = time.monotonic() + 60
+    while time.monotonic() < outage_end:
+        assert saved() == before
+        time.sleep(5)
+    assert alive(conn)
+    assert agent.proc is not None
+    assert agent.proc.poll() is None
+    assert agent.metric("ipvsproxy_watch_restarts_total") > 0
+    api.start()
+    eventually(lambda: lab.backends[2].address in saved(), 90, "relisted after the outage")
+    assert alive(conn)
+
+    # 410 Gone: the agent relists and picks up what it missed
+    gone_before = agent.metric("ipvsproxy_watch_restarts_total", resource="EndpointSlice",
+                               reason="gone")  # fmt: skip
+    api.stop()
+    api.put(objects(lab, web_backends=2)[2])
+    api.compact()
+    api.start()
+    eventually(lambda: agent.metric("ipvsproxy_watch_restarts_total", resource="EndpointSlice",
+                                    reason="gone") > gone_before, 90, "410 relist")  # fmt: skip
+    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + 30, "missed change")
+
+    # steady state: syncs keep happening and write nothing
+    writes = agent.writes()
+    syncs = agent.metric("ipvsproxy_syncs_total")
+    time.sleep(2 * SYNC_PERIOD + 1)
+    assert agent.metric("ipvsproxy_syncs_total") >= syncs + 2
+    assert agent.writes() == writes
+    assert agent.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 0
+
+    # the dry run against the API agrees: nothing to do
+    diff = subprocess.run(
+        [agent.args[0], "diff", "--kubeconfig", str(kubeconfig), "--hostname-override",
+         "node-a", "--service-cidr", "10.96.0.0/16"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+
+    # deleting a Service removes its virtual servers and its VIP
+    api.delete("Service", "default", "lb")
+    eventually(lambda: "203.0.113.10" not in saved(), what="lb deleted")
+    addresses = subprocess.run(["ip", "-o", "addr", "show", "kube-ipvs0"], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+    assert "203.0.113.10" not in addresses
+    assert "10.96.0.10" in addresses
+
+    assert "-A -t 192.168.99.1:443 -s wlc" in saved()  # the foreign one, never touched
+    conn.close()
+    assert agent.stop() == 0
+    log = [json.loads(line) for line in agent.log.read_text().splitlines() if line.startswith("{")]
+    assert any(e["msg"].startswith("sync: ") for e in log)  # one summary line per sync
+    errors = [e["msg"] for e in log if e["level"] == "error"]
+    assert errors == []  # outages and relists are warnings: retried, not failed
+    assert "Traceback" not in agent.log.read_text()
+
+
+def test_a_wrong_token_exits_with_a_clear_error(world, tmp_path):
+    api, _, _ = world
+    kubeconfig = api.write_kubeconfig(tmp_path / "bad", token="wrong")
+    ran = subprocess.run(
+        [str(Path(sys.executable).parent / "ipvsproxy"), "run", "--kubeconfig", str(kubeconfig),
+         "--metrics-bind-address", f"127.0.0.1:{free_port()}",
+         "--healthz-bind-address", f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "NODE_NAME": "node-a"},
+    )  # fmt: skip
+    assert ran.returncode == 2, ran.stderr
+    assert "401 Unauthorized" in ran.stderr
+    assert "token" in ran.stderr
+    assert "Traceback" not in ran.stderr

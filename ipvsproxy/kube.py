@@ -1,0 +1,287 @@
+"""The Kubernetes API source: list, then watch, Services, EndpointSlices and this node's Node.
+
+Owns: `connect()` (kubeconfig / in-cluster / default location → an API client) and `Watcher`
+(one resource's list-then-watch loop feeding a `Tracker`). The only importer of the
+`kubernetes` client: its objects never leave this module; the tracker gets raw JSON dicts.
+
+The watch loop is three small layers (after kopf's watching.py):
+- `Watcher.run()` never returns until stopped: it runs `step()` after `step()`, retrying a
+  failed one with exponential backoff and full jitter (tenacity) on connection loss, 5xx,
+  429 and inactivity; it gives up only on an error that retrying cannot fix before anything
+  was ever listed (a wrong token, a forbidden resource): a `WatchError`.
+- `step()` lists (paginated; the list replaces the tracker's view of the resource) when there
+  is no resourceVersion to resume from, else runs one watch stream from it; `410 Gone` (the
+  version expired) clears it, so the next step relists. A dropped connection resumes from
+  the newest version seen (events and bookmarks advance it), without a list.
+- `_stream()` is one watch request: the server ends it at `timeoutSeconds`; the socket's read
+  timeout is the per-stream inactivity timeout (bookmarks keep a quiet stream alive).
+
+Why the client's `watch.Watch` is not used: it builds client model objects for every event
+(we need the raw JSON, and the models cost), and it answers a 410 by silently retrying once
+from the same resourceVersion. The client still does configuration, authentication, TLS and
+the HTTP requests; this module reads the line-delimited JSON of the stream itself.
+
+Imports: kubernetes, tenacity, urllib3, api, sync.tracker, errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tenacity
+import urllib3
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.watch.watch import iter_resp_lines
+
+from ipvsproxy.errors import ConfigError, WatchError
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
+
+log = logging.getLogger(__name__)
+
+PAGE = 500  # items per list page, as client-go's reflector
+
+
+def connect(*, kubeconfig: Path | None, context: str | None) -> Any:
+    """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig.
+
+    The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
+    with backoff itself, and a hidden retry would only delay seeing a failure.
+    """
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig is not None:
+            if not kubeconfig.is_file():
+                raise ConfigError(f"--kubeconfig {kubeconfig}: no such file")
+            k8s_config.load_kube_config(
+                config_file=str(kubeconfig), context=context, client_configuration=configuration
+            )
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except ConfigException:
+                k8s_config.load_kube_config(context=context, client_configuration=configuration)
+    except (ConfigException, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        where = kubeconfig or "in-cluster config, or the default kubeconfig ~/.kube/config"
+        raise ConfigError(
+            f"cannot load the Kubernetes client configuration ({where}): {exc}"
+        ) from exc
+    configuration.retries = 0
+    return k8s.ApiClient(configuration)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    watch_timeout: float = 300.0  # asked of the server; jittered by up to +50% per stream
+    inactivity_timeout: float = 120.0  # nothing read for this long: reconnect
+    connect_timeout: float = 10.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+
+
+class Gone(Exception):
+    """410: the resourceVersion is too old; relist."""
+
+
+class Transient(Exception):
+    """Worth retrying: connection loss, timeouts, 5xx, 429, an unreadable event."""
+
+
+def _listers(api: Any, node_name: str) -> dict[str, Callable[..., Any]]:
+    core, discovery = k8s.CoreV1Api(api), k8s.DiscoveryV1Api(api)
+    node_selector = f"metadata.name={node_name}"
+    return {
+        SERVICE: core.list_service_for_all_namespaces,
+        SLICE: discovery.list_endpoint_slice_for_all_namespaces,
+        NODE: lambda **kw: core.list_node(field_selector=node_selector, **kw),
+    }
+
+
+class Watcher:
+    """List-then-watch one resource into `sink` (a Tracker) until `stop` is set."""
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        api: Any,
+        node_name: str,
+        sink: Any,
+        stop: threading.Event,
+        settings: Settings = Settings(),
+        on_restart: Callable[[str, str], None] = lambda kind, reason: None,
+    ) -> None:
+        self.kind = kind
+        self._list = _listers(api, node_name)[kind]
+        self._sink = sink
+        self._stop = stop
+        self._settings = settings
+        self._on_restart = on_restart
+        self.listed = False
+        self._version: str | None = None  # resume watching from here; None: list first
+
+    def run(self) -> None:
+        """Until stopped: step after step, with backoff after a failed one."""
+        s = self._settings
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(Transient),
+            # "full jitter": a random wait up to backoff_initial * 2^n, capped at backoff_max
+            wait=tenacity.wait_random_exponential(multiplier=s.backoff_initial, max=s.backoff_max),
+            stop=lambda _: self._stop.is_set(),
+            sleep=self._sleep,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        while not self._stop.is_set():
+            try:
+                retrying(self.step)  # a new call per step: a step that worked resets the backoff
+            except Transient:
+                return  # stopped while backing off
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)  # a stop ends the backoff at once
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0
+        log.warning("watch %s: %s; retrying in %.1fs", self.kind, error, wait)
+        self._on_restart(self.kind, "error")
+
+    def step(self) -> None:
+        """List if there is no resourceVersion to resume from, else one watch stream.
+
+        A dropped connection is not a reason to relist: as client-go's reflector does, the
+        next step resumes the watch from the newest version seen. Only 410 Gone forgets it.
+        """
+        if self._version is None:
+            self._version = self.list_all()
+            return
+        try:
+            self._stream()
+        except Gone as exc:
+            self._version = None
+            log.info("watch %s: %s; relisting", self.kind, exc)
+            self._on_restart(self.kind, "gone")
+
+    def list_all(self) -> str:
+        """List every object (page by page) into the sink; the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": PAGE}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                page = self._request(**kwargs)
+                try:
+                    body = json.loads(page.data)
+                finally:
+                    page.release_conn()
+            except Gone:  # the continue token expired mid-list: start over
+                items, token = [], None
+                continue
+            except ValueError as exc:
+                raise Transient(f"list {self.kind}: unreadable response: {exc}") from exc
+            items += body.get("items") or []
+            meta = body.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        self._sink.replace(self.kind, items)
+        self.listed = True
+        version = str(meta.get("resourceVersion") or "")
+        log.info("listed %d %ss at resourceVersion %s", len(items), self.kind, version)
+        return version
+
+    def _stream(self) -> None:
+        """One watch request from self._version, which each event and bookmark advances."""
+        s = self._settings
+        timeout = int(s.watch_timeout * (1 + random.random() / 2))
+        response = self._request(
+            watch=True,
+            resource_version=self._version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout,
+        )
+        try:
+            for event in _events(response):
+                self._version = self._handle(event, self._version or "")
+                if self._stop.is_set():
+                    break
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"watch {self.kind}: {exc}") from exc
+        finally:
+            response.close()  # a watch connection is not reused: its stream may be cut short
+            response.release_conn()
+
+    def _handle(self, event: dict[str, Any], version: str) -> str:
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            raise Transient(f"watch {self.kind}: event without an object: {event!r:.200}")
+        if kind == "ERROR":
+            code, message = obj.get("code"), obj.get("message", "")
+            if code == 410:
+                raise Gone(message)
+            raise Transient(f"watch {self.kind}: error event {code}: {message}")
+        meta = obj.get("metadata") or {}
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._sink.event(self.kind, kind, obj)
+        elif kind != "BOOKMARK":
+            log.warning("watch %s: ignoring event type %r", self.kind, kind)
+        return str(meta.get("resourceVersion") or version)
+
+    def _request(self, **kwargs: Any) -> Any:
+        s = self._settings
+        try:
+            return self._list(
+                _preload_content=False,
+                _request_timeout=(s.connect_timeout, s.inactivity_timeout),
+                **kwargs,
+            )
+        except ApiException as exc:
+            raise self._api_error(exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"{self.kind}: {exc}") from exc
+
+    def _api_error(self, exc: ApiException) -> Exception:
+        status, reason = exc.status, _status_message(exc)
+        if status == 410:
+            return Gone(reason)
+        if status in (401, 403, 404) and not self.listed:
+            hint = {401: "is the token right?", 403: "does the service account have RBAC "
+                    "get/list/watch on services, endpointslices and nodes?",
+                    404: "does the server serve discovery.k8s.io/v1?"}[status]  # fmt: skip
+            return WatchError(f"cannot list {self.kind}s: {status} {reason} ({hint})")
+        return Transient(f"{self.kind}: {status} {reason}")
+
+
+def _events(response: Any) -> Iterator[dict[str, Any]]:
+    for line in iter_resp_lines(response):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise Transient(f"unreadable watch event: {exc}: {line[:200]!r}") from exc
+        if not isinstance(event, dict):
+            raise Transient(f"unreadable watch event: {line[:200]!r}")
+        yield event
+
+
+def _status_message(exc: ApiException) -> str:
+    """The Status object's message if the body is one, else the HTTP reason."""
+    try:
+        status = json.loads(exc.body or "")
+        return str(status.get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)

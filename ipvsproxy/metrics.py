@@ -1,0 +1,153 @@
+"""Prometheus metrics: kube-proxy's names where one exists, ipvsproxy's own otherwise.
+
+Owns: `Metrics`, one registry per agent (no process-global registry), and what each sync,
+watch restart and backend choice records. Exposed by `ipvsproxy.serve` on
+`--metrics-bind-address` (default 127.0.0.1:10249, as kube-proxy).
+
+Imports: prometheus_client, kernel, model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ipvsproxy.kernel import ApplyReport, Plan
+from ipvsproxy.model import IpvsState
+
+# kube-proxy's buckets for sync durations (exponential from 1 ms) and programming latency.
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+LATENCY_BUCKETS = (*(0.25 * i for i in range(1, 8)), *range(2, 16), *range(15, 61, 5), 75, 90,
+                   120, 150, 180, 240, 300, 600, 900)  # fmt: skip
+
+
+class Metrics:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._clock = clock
+        r = self.registry
+        self.sync_duration = Histogram(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.last_sync = Gauge(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            registry=r,
+        )
+        self.last_queued = Gauge(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            registry=r,
+        )
+        self.programming = Histogram(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.service_changes = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            registry=r,
+        )
+        self.endpoint_changes = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            registry=r,
+        )
+        self.operations = Counter(
+            "ipvsproxy_kernel_operations",
+            "Operations written to the kernel backend, by kind and result",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.syncs = Counter(
+            "ipvsproxy_syncs", "Sync passes, by result (ok, failed, error)", ["result"], registry=r
+        )
+        self.virtual_servers = Gauge(
+            "ipvsproxy_virtual_servers", "Virtual servers ipvsproxy programs", registry=r
+        )
+        self.real_servers = Gauge(
+            "ipvsproxy_real_servers", "Real servers ipvsproxy programs", registry=r
+        )
+        self.draining = Gauge(
+            "ipvsproxy_draining_real_servers",
+            "Removed real servers held at weight 0 until their connections end",
+            registry=r,
+        )
+        self.backend = Gauge(
+            "ipvsproxy_backend", "The kernel backend in use (1 for the one in use)", ["backend"],
+            registry=r,
+        )  # fmt: skip
+        self.watch_restarts = Counter(
+            "ipvsproxy_watch_restarts",
+            "Watch streams restarted, by resource and reason",
+            ["resource", "reason"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def queued(self) -> None:
+        self.last_queued.set(self._clock())
+
+    def changed(self, kind: str) -> None:
+        if kind == "Service":
+            self.service_changes.inc()
+        elif kind == "EndpointSlice":
+            self.endpoint_changes.inc()
+
+    def use_backend(self, name: str, *, others: Iterable[str] = ()) -> None:
+        for other in others:
+            self.backend.labels(other).set(0)
+        self.backend.labels(name).set(1)
+
+    def synced(
+        self,
+        *,
+        seconds: float,
+        plan: Plan,
+        report: ApplyReport,
+        state: IpvsState,
+        draining: int,
+        triggers: Iterable[str] = (),
+    ) -> None:
+        """Record one completed sync pass."""
+        self.sync_duration.observe(seconds)
+        attempted = Tally(type(op).__name__ for op in plan)
+        failed = Tally(type(f.op).__name__ for f in report.failures)
+        for kind, count in attempted.items():
+            if count - failed[kind]:
+                self.operations.labels(kind, "ok").inc(count - failed[kind])
+            if failed[kind]:
+                self.operations.labels(kind, "failed").inc(failed[kind])
+        self.syncs.labels("ok" if report.ok else "failed").inc()
+        self.virtual_servers.set(len(state.services))
+        self.real_servers.set(sum(len(d) for d in state.dests.values()))
+        self.draining.set(draining)
+        now = self._clock()
+        if report.ok:
+            self.last_sync.set(now)
+            for trigger in triggers:
+                started = _timestamp(trigger)
+                if started is not None and now >= started:
+                    self.programming.observe(now - started)
+
+    def sync_error(self) -> None:
+        self.syncs.labels("error").inc()
+
+
+def _timestamp(text: str) -> float | None:
+    """RFC 3339 (`2026-11-22T05:43:24Z`) → seconds since the epoch."""
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

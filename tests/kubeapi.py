@@ -1,0 +1,417 @@
+"""A small Kubernetes API server for tests: the real list/watch wire protocol over HTTPS.
+
+Test code, not shipped. It serves Services, EndpointSlices (discovery.k8s.io/v1) and Nodes
+the way kube-apiserver does (checked against ../shared/api-captures from v1.36.2):
+- HTTPS with a throw-away CA (trustme); bearer-token auth, 401 + Status for a wrong token;
+- lists: `XList` with `metadata.resourceVersion`, items without kind/apiVersion, `limit` and
+  `continue` pagination (400 BadRequest for a bad token), `fieldSelector=metadata.name=`;
+- watches (`watch=1`) from a resourceVersion: the events after it, then live events, as
+  chunked line-delimited JSON; `resourceVersion` unset or "0" starts with synthetic ADDED
+  events; `allowWatchBookmarks` gives BOOKMARK events (also just before a timeout ends the
+  stream); `timeoutSeconds` ends the stream cleanly; a resourceVersion older than the last
+  compaction gets HTTP 200 with one ERROR event, Status 410 Expired;
+- test controls: `put()` (create or replace), `delete()`, `compact()`, `end_watches()`,
+  `stop()` (connections dropped as by a crash) and `start()` again on the same port, plus a
+  request log to assert on.
+
+Reached through the real `kubernetes` client with the kubeconfig `write_kubeconfig()` makes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import trustme
+
+RESOURCES = {  # path -> (kind, apiVersion, namespaced)
+    "/api/v1/services": ("Service", "v1", True),
+    "/apis/discovery.k8s.io/v1/endpointslices": ("EndpointSlice", "discovery.k8s.io/v1", True),
+    "/api/v1/nodes": ("Node", "v1", False),
+}
+BOOKMARK_BODY: dict[str, dict[str, Any]] = {  # the zero values kube-apiserver leaves in
+    "Service": {"spec": {}, "status": {"loadBalancer": {}}},
+    "EndpointSlice": {"addressType": "", "endpoints": None, "ports": None},
+    "Node": {"spec": {}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}}},
+}
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+@dataclass(frozen=True)
+class Event:
+    version: int
+    kind: str
+    type: str
+    obj: dict[str, Any]
+
+
+class ApiServer:
+    def __init__(
+        self,
+        *,
+        token: str = "test-token",
+        bookmark_interval: float = 1.0,
+        max_watch_seconds: float = 1800.0,
+    ) -> None:
+        self.token = token
+        self.bookmark_interval = bookmark_interval
+        self.max_watch_seconds = max_watch_seconds
+        self._ca = trustme.CA()
+        self._cert = self._ca.issue_cert("127.0.0.1", "localhost")
+        self._state = threading.Condition()
+        self._version = 1000
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
+            kind: {} for kind, _, _ in RESOURCES.values()
+        }
+        self._history: list[Event] = []
+        self._oldest = 0  # watches from a resourceVersion below this get 410
+        self._generation = 0  # bumped by stop() and end_watches(): open streams end
+        self._abort = False
+        self.requests: list[tuple[str, str, dict[str, str]]] = []  # (path, token ok?, query)
+        self._http: _Server | None = None
+        self.port = 0
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> ApiServer:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._cert.configure_cert(context)
+        server = _Server(("127.0.0.1", self.port), _handler(self))
+        server.socket = context.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
+        self.port = server.server_address[1]
+        with self._state:
+            self._abort = False
+        self._http = server
+        threading.Thread(target=server.serve_forever, name="kubeapi", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Go away as a crashed server does: listening socket closed, streams cut."""
+        with self._state:
+            self._abort = True
+            self._generation += 1
+            self._state.notify_all()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http.close_all()
+            self._http = None
+
+    def end_watches(self) -> None:
+        """End every open watch stream cleanly, as the server's timeout does."""
+        with self._state:
+            self._generation += 1
+            self._state.notify_all()
+
+    def write_kubeconfig(self, path: Path, *, token: str | None = None) -> Path:
+        ca = base64.b64encode(self._ca.cert_pem.bytes()).decode()
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "test",
+                            "cluster": {
+                                "server": f"https://127.0.0.1:{self.port}",
+                                "certificate-authority-data": ca,
+                            },
+                        }
+                    ],
+                    "users": [{"name": "test", "user": {"token": token or self.token}}],
+                    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+                    "current-context": "test",
+                }
+            )
+        )
+        return path
+
+    # ---- objects --------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        with self._state:
+            return self._version
+
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object (ADDED or MODIFIED); returns it as stored."""
+        kind = obj["kind"]
+        stored = copy.deepcopy(obj)
+        meta = stored.setdefault("metadata", {})
+        key = (meta.get("namespace", "") if kind != "Node" else "", meta["name"])
+        with self._state:
+            old = self._objects[kind].get(key)
+            self._version += 1
+            meta["resourceVersion"] = str(self._version)
+            meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+            meta.setdefault(
+                "creationTimestamp",
+                old["metadata"]["creationTimestamp"] if old else _now(),
+            )
+            self._objects[kind][key] = stored
+            self._record(kind, "MODIFIED" if old else "ADDED", stored)
+        return stored
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        with self._state:
+            old = self._objects[kind].pop(("" if kind == "Node" else namespace, name))
+            self._version += 1
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self._version)
+            self._record(kind, "DELETED", gone)
+
+    def compact(self) -> None:
+        """Forget the event history: older resourceVersions become 410 Gone."""
+        with self._state:
+            self._history.clear()
+            self._oldest = self._version + 1
+
+    def _record(self, kind: str, kind_of_event: str, obj: dict[str, Any]) -> None:
+        self._history.append(Event(self._version, kind, kind_of_event, obj))
+        self._state.notify_all()
+
+    # ---- serving (called by the handler) --------------------------------------------
+
+    def list_page(self, kind: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        limit = int(query.get("limit") or 0)
+        after, version = "", None
+        if query.get("continue"):
+            try:
+                token = json.loads(base64.b64decode(query["continue"], validate=True))
+                after, version = str(token["start"]), int(token["rv"])
+            except (ValueError, KeyError, TypeError):
+                return 400, status(400, "BadRequest", "invalid continue token")
+        with self._state:
+            if version is not None and version < self._oldest:
+                return 410, status(410, "Expired", "The provided continue parameter is too old")
+            version = version or self._version
+            items = [
+                obj
+                for key, obj in sorted(self._objects[kind].items())
+                if "/".join(key) > after and _selected(obj, query)
+            ]
+        page, rest = (items[:limit], items[limit:]) if limit else (items, [])
+        meta: dict[str, Any] = {"resourceVersion": str(version)}
+        if rest:
+            last = page[-1]["metadata"]
+            start = f"{last.get('namespace', '')}/{last['name']}"
+            token = json.dumps({"start": start, "rv": version}).encode()
+            meta["continue"] = base64.b64encode(token).decode()
+            meta["remainingItemCount"] = len(rest)
+        body_items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]
+        api_version = next(v for k, v, _ in RESOURCES.values() if k == kind)
+        return 200, {
+            "kind": f"{kind}List",
+            "apiVersion": api_version,
+            "metadata": meta,
+            "items": body_items,
+        }
+
+    def watch(self, kind: str, query: dict[str, str]) -> Iterator[dict[str, Any]]:
+        """The events of one watch request, until its timeout, end_watches() or stop()."""
+        timeout = min(float(query.get("timeoutSeconds") or 1e9), self.max_watch_seconds)
+        requested = query.get("resourceVersion", "")
+        with self._state:
+            generation = self._generation
+            if requested in ("", "0"):  # start with the current objects, as ADDED events
+                since = self._version
+                initial = [
+                    {"type": "ADDED", "object": o}
+                    for _, o in sorted(self._objects[kind].items())
+                    if _selected(o, query)
+                ]
+            elif int(requested) < self._oldest - 1:
+                message = f"too old resource version: {requested} ({self._version})"
+                initial = [{"type": "ERROR", "object": status(410, "Expired", message)}]
+                since = -1
+            else:
+                since, initial = int(requested), []
+        yield from initial
+        if since >= 0:
+            bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+            deadline = time.monotonic() + timeout
+            yield from self._follow(kind, query, since, generation, deadline, bookmarks)
+
+    def _follow(
+        self,
+        kind: str,
+        query: dict[str, str],
+        sent: int,
+        generation: int,
+        deadline: float,
+        bookmarks: bool,
+    ) -> Iterator[dict[str, Any]]:
+        last_send = time.monotonic()
+        while True:
+            with self._state:
+                if self._generation == generation and not self._pending(sent):
+                    wait = min(deadline, last_send + self.bookmark_interval) - time.monotonic()
+                    self._state.wait(max(wait, 0))
+                if self._generation != generation:
+                    if self._abort:
+                        raise ConnectionAbortedError("server stopped")
+                    return
+                pending, current = self._pending(sent), self._version
+            for event in pending:
+                sent = event.version
+                if event.kind == kind and _selected(event.obj, query):
+                    yield {"type": event.type, "object": event.obj}
+                    last_send = time.monotonic()
+            now = time.monotonic()
+            if bookmarks and (now >= deadline or now - last_send >= self.bookmark_interval):
+                sent = max(sent, current)
+                yield _bookmark(kind, current)  # also just before the timeout ends the stream
+                last_send = now
+            if now >= deadline:
+                return
+
+    def _pending(self, sent: int) -> list[Event]:
+        return [e for e in self._history if e.version > sent]
+
+
+def _bookmark(kind: str, version: int) -> dict[str, Any]:
+    api_version = next(v for k, v, _ in RESOURCES.values() if k == kind)
+    obj = {
+        "kind": kind,
+        "apiVersion": api_version,
+        "metadata": {"resourceVersion": str(version)},
+        **copy.deepcopy(BOOKMARK_BODY[kind]),
+    }
+    return {"type": "BOOKMARK", "object": obj}
+
+
+def _selected(obj: dict[str, Any], query: dict[str, str]) -> bool:
+    for term in filter(None, query.get("fieldSelector", "").split(",")):
+        field, _, value = term.partition("=")
+        value = value.removeprefix("=")
+        if field == "metadata.name" and obj["metadata"].get("name") != value:
+            return False
+        if field == "metadata.namespace" and obj["metadata"].get("namespace") != value:
+            return False
+    return True
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_all(self) -> None:
+        with self._lock:
+            connections, self._connections = list(self._connections), set()
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+
+def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            authorized = self.headers.get("Authorization") == f"Bearer {api.token}"
+            api.requests.append((url.path, "ok" if authorized else "denied", query))
+            resource = _resource(url.path, query)
+            if not authorized:
+                self._json(401, status(401, "Unauthorized", "Unauthorized"))
+            elif resource is None:
+                message = "the server could not find the requested resource"
+                self._json(404, status(404, "NotFound", message))
+            elif query.get("watch") in ("1", "true"):
+                self._stream(api.watch(resource, query))
+            else:
+                self._json(*api.list_page(resource, query))
+
+        def _json(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _stream(self, events: Iterator[dict[str, Any]]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for event in events:
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (ConnectionAbortedError, OSError):
+                self.close_connection = True
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def _resource(path: str, query: dict[str, str]) -> str | None:
+    """The kind of a cluster-wide or namespaced collection path; a namespace becomes a
+    field selector in `query`."""
+    for base, (kind, _, namespaced) in RESOURCES.items():
+        if path == base:
+            return kind
+        prefix, _, plural = base.rpartition("/")
+        if namespaced and path.startswith(prefix + "/namespaces/"):
+            rest = path[len(prefix) + len("/namespaces/") :].split("/")
+            if len(rest) == 2 and rest[1] == plural:
+                selector = query.get("fieldSelector")
+                query["fieldSelector"] = ",".join(
+                    filter(None, [selector, f"metadata.namespace={rest[0]}"])
+                )
+                return kind
+    return None

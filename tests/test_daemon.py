@@ -1,0 +1,220 @@
+"""The long-running pieces with FakeKernel: tracker, sync pass, metrics, health, manifests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from ipvsproxy.config import Config
+from ipvsproxy.daemon import SyncPass
+from ipvsproxy.errors import ConfigError, NotFound
+from ipvsproxy.metrics import Metrics
+from ipvsproxy.model import AddService
+from ipvsproxy.serve import Health, HttpServer, parse_bind_address
+from ipvsproxy.static import ManifestSource
+from ipvsproxy.sync.runner import Runner
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
+from ipvsproxy.testing import FakeKernel
+from tests.factories import ep, service, slice_
+
+CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+class Agent:
+    def __init__(self) -> None:
+        self.changes: list[str] = []
+        self.tracker = Tracker(on_change=self.changes.append)
+        self.kernel = FakeKernel()
+        self.metrics = Metrics()
+        self.health = Health(timeout=60)
+        self.sync = SyncPass(
+            kernel=self.kernel,
+            config=CONFIG,
+            tracker=self.tracker,
+            metrics=self.metrics,
+            health=self.health,
+        )
+        self.sync.runner = Runner(lambda: None, min_interval=0, max_interval=30)
+
+    def feed(self, *objects) -> None:
+        for kind in (SERVICE, SLICE):
+            self.tracker.replace(kind, [o for o in objects if o["kind"] == kind])
+
+
+def web_slice(*addresses: str, **meta):
+    obj = slice_("web", endpoints=[ep(a) for a in addresses])
+    obj["metadata"].update(meta)
+    return obj
+
+
+def test_nothing_is_programmed_before_both_kinds_listed():
+    agent = Agent()
+    agent.tracker.replace(SERVICE, [service("web")])
+    agent.sync()
+    assert agent.kernel.observations == 0
+    assert agent.kernel.applied == []
+    agent.tracker.replace(SLICE, [])
+    agent.sync()
+    assert agent.kernel.applied  # the Service's virtual server, with no endpoints yet
+
+
+def test_steady_state_writes_nothing():
+    agent = Agent()
+    agent.feed(service("web"), web_slice("10.244.0.1", "10.244.0.2"))
+    agent.sync()
+    writes = len(agent.kernel.applied)
+    kinds = sorted(type(op).__name__ for op in agent.kernel.applied)
+    assert kinds == ["AddDest", "AddDest", "AddService", "BindAddress"]
+    for _ in range(5):
+        agent.sync()
+    assert len(agent.kernel.applied) == writes
+    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="ok") == 6
+    assert sample(agent.metrics, "ipvsproxy_kernel_operations_total", kind="AddDest",
+                  result="ok") == 2  # fmt: skip
+    assert sample(agent.metrics, "ipvsproxy_virtual_servers") == 1
+    assert sample(agent.metrics, "ipvsproxy_real_servers") == 2
+
+
+def test_tracker_events_and_change_callbacks():
+    agent = Agent()
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    agent.changes.clear()
+    agent.tracker.replace(SERVICE, [service("web")])  # the same list again: no change
+    assert agent.changes == []
+    agent.tracker.event(SLICE, "MODIFIED", web_slice("10.244.0.1", "10.244.0.3"))
+    agent.tracker.event(SLICE, "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
+    agent.tracker.event(SERVICE, "DELETED", service("gone"))  # unknown: no change
+    assert agent.changes == [SLICE]
+    agent.tracker.event(SERVICE, "DELETED", service("web"))
+    assert agent.changes == [SLICE, SERVICE]
+    assert agent.tracker.counts() == {SERVICE: 0, SLICE: 1}
+
+
+def test_failed_operation_is_retried_sooner_and_reported():
+    agent = Agent()
+    agent.feed(service("web"), web_slice())
+    agent.sync()
+    agent.kernel.state = type(agent.kernel.state)({}, {})  # someone flushed the table
+    assert agent.sync.last is not None
+    vs = next(iter(agent.sync.last.state.services.values()))
+    agent.kernel.errors[AddService(vs)] = NotFound("boom")
+    agent.sync()
+    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
+    assert sample(agent.metrics, "ipvsproxy_kernel_operations_total", kind="AddService",
+                  result="failed") == 1  # fmt: skip
+    assert agent.sync.runner is not None
+    assert agent.sync.runner.due(time.monotonic()) <= time.monotonic() + 1.5
+    agent.sync()
+    assert agent.kernel.state.services  # the retry repaired it
+
+
+def test_warnings_are_logged_once(caplog):
+    agent = Agent()
+    bad = service("bad", ports=[{"port": 0}])
+    agent.feed(service("web"), bad, web_slice())
+    agent.sync()
+    agent.sync()
+    assert sum("skipping malformed Service default/bad" in r.message for r in caplog.records) == 1
+
+
+def test_network_programming_latency_comes_from_the_trigger_annotation():
+    agent = Agent()
+    agent.feed(service("web"), web_slice())
+    agent.sync()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3))
+    changed = web_slice("10.244.0.9")
+    changed["metadata"]["annotations"] = {TRIGGER_TIME: stamp}
+    agent.tracker.event(SLICE, "MODIFIED", changed)
+    agent.sync()
+    count = sample(agent.metrics, "kubeproxy_network_programming_duration_seconds_count")
+    total = sample(agent.metrics, "kubeproxy_network_programming_duration_seconds_sum")
+    assert count == 1
+    assert 2 <= total <= 60
+
+
+def test_health_turns_unhealthy_when_a_queued_sync_is_overdue():
+    now = [1000.0]
+    health = Health(timeout=60, clock=lambda: now[0])
+    assert health.status()[0]
+    health.queued()
+    now[0] += 59
+    assert health.status()[0]
+    now[0] += 2
+    healthy, body = health.status()
+    assert not healthy
+    assert body["oldestPendingQueued"]
+    health.updated()
+    assert health.status()[0]
+    assert health.route()[0] == 200
+
+
+def test_http_endpoints_serve_health_and_metrics():
+    metrics = Metrics()
+    metrics.use_backend("ipvs")
+    health = Health(timeout=60)
+    health.detail = {"backend": "ipvs"}
+    server = HttpServer(
+        ("127.0.0.1", 0),
+        {"/metrics": lambda: (200, "text/plain", metrics.render()), "/healthz": health.route},
+    ).start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        body = json.load(urllib.request.urlopen(base + "/healthz", timeout=5))
+        assert body["backend"] == "ipvs"
+        assert body["healthy"] is True
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        assert 'ipvsproxy_backend{backend="ipvs"} 1.0' in text
+        assert "kubeproxy_sync_proxy_rules_duration_seconds_bucket" in text
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(base + "/nope", timeout=5)
+    finally:
+        server.close()
+
+
+def test_bind_addresses():
+    assert parse_bind_address("0.0.0.0:10256", option="x") == ("0.0.0.0", 10256)
+    assert parse_bind_address("[::]:1", option="x") == ("::", 1)
+    with pytest.raises(ConfigError, match="--metrics-bind-address"):
+        parse_bind_address("nope:80", option="--metrics-bind-address")
+
+
+def test_manifest_source_rereads_changed_files_and_keeps_last_good(tmp_path, caplog):
+    import yaml
+
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump_all([service("web"), web_slice("10.244.0.1")]))
+    changes: list[str] = []
+    tracker = Tracker(required=(SERVICE, SLICE, NODE), on_change=changes.append)
+    stop = threading.Event()
+    source = ManifestSource([tmp_path], sink=tracker, stop=stop, interval=0.05)
+    source.load()
+    assert tracker.synced()
+    assert tracker.counts()[SERVICE] == 1
+    thread = threading.Thread(target=source.run)
+    thread.start()
+    try:
+        changes.clear()
+        path.write_text(yaml.safe_dump_all([service("web"), web_slice("10.244.0.1", "10.244.0.2")]))
+        _eventually(lambda: changes == [SLICE])
+        path.write_text("kind: [broken")
+        _eventually(lambda: "keeping the last good ones" in caplog.text)
+        assert tracker.counts()[SLICE] == 1
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def _eventually(check, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -1,0 +1,216 @@
+"""The API source against the test API server, through the real `kubernetes` client and TLS."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ipvsproxy import kube
+from ipvsproxy.errors import ConfigError, WatchError
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
+from tests.kubeapi import ApiServer
+
+FAST = kube.Settings(watch_timeout=2, inactivity_timeout=5, backoff_initial=0.05, backoff_max=0.3)
+
+
+def svc(name: str, ip: str = "10.96.0.10", ns: str = "demo") -> dict[str, Any]:
+    return {
+        "kind": "Service",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "ports": [{"port": 80, "protocol": "TCP"}]},
+    }
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name}}
+
+
+def eventually(check: Callable[[], object], timeout: float = 10.0, run=None) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout}s ({run and run.error!r})")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def server():
+    api = ApiServer(bookmark_interval=0.3).start()
+    yield api
+    api.stop()
+
+
+class Run:
+    """A watcher in a thread; `error` holds what ended it."""
+
+    def __init__(self, server: ApiServer, tmp_path, kind: str = SERVICE, token=None) -> None:
+        self.tracker = Tracker(required=(kind,))
+        self.restarts: list[tuple[str, str]] = []
+        self.stop = threading.Event()
+        self.client = client = kube.connect(
+            kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig", token=token),
+            context=None,
+        )
+        self.watcher = kube.Watcher(
+            kind,
+            api=client,
+            node_name="node-a",
+            sink=self.tracker,
+            stop=self.stop,
+            settings=FAST,
+            on_restart=lambda k, reason: self.restarts.append((k, reason)),
+        )
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._body, daemon=True)
+        self.thread.start()
+
+    def _body(self) -> None:
+        try:
+            self.watcher.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def names(self) -> set[str]:
+        return {o["metadata"]["name"] for o in self.tracker.snapshot().objects}
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.client.close()
+
+
+@pytest.fixture
+def watch(server, tmp_path):
+    runs: list[Run] = []
+
+    def start(**kwargs) -> Run:
+        runs.append(Run(server, tmp_path, **kwargs))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+def test_lists_then_follows_adds_changes_and_deletes(server, watch):
+    server.put(svc("a"))
+    run = watch()
+    eventually(lambda: run.names() == {"a"}, run=run)
+    assert run.tracker.synced()
+    server.put(svc("b", "10.96.0.11"))
+    eventually(lambda: run.names() == {"a", "b"})
+    server.put(svc("a", "10.96.0.12"))
+    eventually(
+        lambda: any(o["spec"]["clusterIP"] == "10.96.0.12" for o in run.tracker.snapshot().objects)
+    )
+    server.delete("Service", "demo", "b")
+    eventually(lambda: run.names() == {"a"})
+    obj = run.tracker.snapshot().objects[0]
+    assert (obj["kind"], obj["apiVersion"]) == ("Service", "v1")  # list items lack them
+
+
+def test_resumes_from_bookmarks_and_ends_of_streams(server, watch):
+    run = watch()
+    eventually(run.tracker.synced)
+    before = server.version
+    server.put(node("unrelated-kind"))  # moves the resourceVersion; only a bookmark tells
+    eventually(lambda: sum(1 for p, _, q in server.requests if q.get("watch")) >= 3, 15)
+    resumed = [int(q["resourceVersion"]) for p, _, q in server.requests if q.get("watch")]
+    assert resumed[0] == before
+    assert max(resumed) > before  # a later stream started from a bookmark's version
+    assert all(q.get("allowWatchBookmarks") == "true" for _, _, q in server.requests
+               if q.get("watch"))  # fmt: skip
+    lists = [q for p, _, q in server.requests if not q.get("watch")]
+    assert len(lists) == 1  # streams ending at their timeout are resumed, not relisted
+
+
+def test_410_gone_relists_and_picks_up_what_changed(server, watch):
+    server.put(svc("a"))
+    run = watch()
+    eventually(lambda: run.names() == {"a"})
+    server.stop()  # the watcher is disconnected ...
+    server.put(svc("b", "10.96.0.11"))  # ... misses this ...
+    server.compact()  # ... and its resourceVersion expires
+    server.start()
+    eventually(lambda: run.names() == {"a", "b"}, 15)
+    assert (SERVICE, "gone") in run.restarts
+    lists = [q for p, _, q in server.requests if not q.get("watch")]
+    assert len(lists) == 2
+
+
+def test_outage_then_recovery_with_backoff(server, watch):
+    server.put(svc("a"))
+    run = watch()
+    eventually(lambda: run.names() == {"a"})
+    server.stop()
+    time.sleep(1.0)
+    assert run.names() == {"a"}  # nothing forgotten while the server is away
+    server.put(svc("c", "10.96.0.13"))
+    server.start()
+    eventually(lambda: run.names() == {"a", "c"}, 15)
+    assert (SERVICE, "error") in run.restarts
+    assert run.error is None
+
+
+def test_pagination(server, watch):
+    for i in range(1203):
+        server.put(svc(f"s{i:04}", f"10.96.{i // 250}.{i % 250 + 1}"))
+    run = watch()
+    eventually(lambda: len(run.names()) == 1203, 20)
+    pages = [q for p, _, q in server.requests if not q.get("watch")]
+    assert [q.get("limit") for q in pages] == ["500"] * 3
+    assert all("continue" in page for page in pages[1:])
+
+
+def test_node_is_watched_by_name(server, watch):
+    server.put(node("node-a"))
+    server.put(node("node-b"))
+    run = watch(kind=NODE)
+    eventually(lambda: run.names() == {"node-a"})
+    server.put({**node("node-b"), "metadata": {"name": "node-b", "labels": {"x": "y"}}})
+    server.put({**node("node-a"), "metadata": {"name": "node-a", "labels": {"x": "y"}}})
+    eventually(lambda: run.tracker.snapshot().objects[0]["metadata"].get("labels"))
+    assert run.names() == {"node-a"}
+
+
+def test_a_wrong_token_is_a_clear_error(server, watch):
+    run = watch(kind=SLICE, token="wrong")
+    run.thread.join(timeout=10)
+    assert isinstance(run.error, WatchError)
+    assert "401 Unauthorized" in str(run.error)
+    assert "token" in str(run.error)
+    assert not run.tracker.synced()
+
+
+def test_expired_watch_gets_the_real_error_event(server):
+    """The wire format of a 410, as the capture shows: HTTP 200, one ERROR event."""
+    server.put(svc("a"))
+    server.compact()
+    events = list(server.watch("Service", {"resourceVersion": "5"}))
+    assert events == [
+        {
+            "type": "ERROR",
+            "object": {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": f"too old resource version: 5 ({server.version})",
+                "reason": "Expired",
+                "code": 410,
+            },
+        }
+    ]
+
+
+def test_missing_kubeconfig_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        kube.connect(kubeconfig=tmp_path / "nope", context=None)
+    (tmp_path / "bad").write_text("clusters: [")
+    with pytest.raises(ConfigError, match="cannot load"):
+        kube.connect(kubeconfig=tmp_path / "bad", context=None)
