@@ -45,11 +45,15 @@ def saved() -> str:
     return subprocess.run(["ipvsadm-save", "-n"], capture_output=True, text=True, check=True).stdout
 
 
+LOGS: list[Path] = []  # the agents' logs, shown when a check fails
+
+
 def eventually(check: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what or check}\n{saved()}")
+            logs = "".join(log.read_text()[-4000:] for log in LOGS if log.exists())
+            raise AssertionError(f"not within {timeout}s: {what or check}\n{saved()}\n{logs}")
         time.sleep(0.3)
 
 
@@ -67,6 +71,7 @@ class Agent:
             "--healthz-bind-address", f"127.0.0.1:{self.health_port}",
         ]  # fmt: skip
         self.log = log
+        LOGS.append(log)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Agent:
@@ -163,7 +168,8 @@ def test_agent_end_to_end(world, tmp_path):
     agent = Agent(kubeconfig, tmp_path / "agent.log").start()
 
     # converge; every kind of Service carries real traffic
-    eventually(lambda: "-A -t 203.0.113.10:80" in saved(), what="LoadBalancer VS")
+    # (slow the first time: the agent imports the Kubernetes client under emulation)
+    eventually(lambda: "-A -t 203.0.113.10:80" in saved(), 300, "LoadBalancer VS")
     assert web_counts(client) == {"b1": 3, "b2": 3}
     assert udp_request(client, "10.96.0.10", 53) in {"b1", "b2"}
     assert request(client, NODE_IP, 30080) == "b1"
@@ -198,7 +204,7 @@ def test_agent_end_to_end(world, tmp_path):
     assert saved() == before
     assert alive(conn)
     agent.start()
-    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, what="first sync")
+    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, 300, "first sync")
     assert agent.writes() == 0
     assert saved() == before
     assert alive(conn)
@@ -206,7 +212,7 @@ def test_agent_end_to_end(world, tmp_path):
     assert saved() == before
     assert alive(conn)
     agent.start()
-    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1)
+    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, 300, "first sync")
     assert agent.writes() == 0
     assert alive(conn)
 
