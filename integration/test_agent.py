@@ -97,8 +97,8 @@ class Agent:
     def metric(self, name: str, **labels: str) -> float:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=5).read().decode()
-        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels
-                       else "")  # fmt: skip
+        pairs = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as exposed
+        want = name + ("{" + pairs + "}" if labels else "")
         total = 0.0
         for line in text.splitlines():
             key, _, value = line.rpartition(" ")
@@ -187,27 +187,33 @@ def test_agent_end_to_end(world, tmp_path):
     while "b3" not in held:  # a long-lived connection to b3
         name, sock = connect(client, "10.96.0.10", 80)
         held.setdefault(name, sock)
+    _, conn = connect(client, "10.96.0.10", 80)  # to b1 or b2: kept through everything below
     api.put(objects(lab, web_backends=2)[2])
     b3 = f"-a -t 10.96.0.10:80 -r {lab.backends[2].address}:{PORT} -m -w 0"
     eventually(lambda: b3 in saved(), what="b3 drains at weight 0")
-    removed_at = time.monotonic()
     assert set(web_counts(client, 8)) == {"b1", "b2"}  # no new connections to b3
     assert alive(held["b3"])  # the established one still works
-    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + 30, "drain ends")
-    assert time.monotonic() - removed_at >= DRAIN - 1  # it was held to the drain timeout
-    assert agent.metric("ipvsproxy_draining_real_servers") == 0
+    assert agent.metric("ipvsproxy_draining_real_servers") == 1
 
-    # restarts keep rules and established connections; a restarted agent writes nothing
-    _, conn = connect(client, "10.96.0.10", 80)
+    # a restart in the middle of the drain keeps rules, connections and the drain itself
     before = saved()
     assert agent.stop(signal.SIGTERM) == 0
     assert saved() == before
     assert alive(conn)
+    assert alive(held["b3"])
     agent.start()
     eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, 300, "first sync")
-    assert agent.writes() == 0
-    assert saved() == before
-    assert alive(conn)
+    restarted_at = time.monotonic()
+    assert agent.writes() == 0  # the restarted agent finds everything as it should be
+    assert b3 in saved()  # still draining: its connection is open
+    assert alive(held["b3"])
+    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + 30, "drain ends")
+    assert time.monotonic() - restarted_at >= DRAIN - 1  # held to the (restarted) timeout
+    assert agent.metric("ipvsproxy_draining_real_servers") == 0
+    assert " -w 0" not in saved()  # no weight-0 leftovers
+
+    # kill -9 keeps rules and established connections; the new agent writes nothing
+    before = saved()
     agent.stop(signal.SIGKILL)
     assert saved() == before
     assert alive(conn)
