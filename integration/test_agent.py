@@ -211,6 +211,8 @@ def test_agent_end_to_end(world, tmp_path):
     assert time.monotonic() - restarted_at >= DRAIN - 1  # held to the (restarted) timeout
     assert agent.metric("ipvsproxy_draining_real_servers") == 0
     assert " -w 0" not in saved()  # no weight-0 leftovers
+    for sock in held.values():
+        sock.close()
 
     # kill -9 keeps rules and established connections; the new agent writes nothing
     before = saved()
