@@ -184,6 +184,12 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             stop.set()
             runner.stop()
 
+        # a caller's `stop` (an embedding program, a test) ends the loop like a signal
+        def stop_on_request() -> None:
+            stop.wait()
+            runner.stop()
+
+        threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
         servers = _serve(config, metrics.render, health.route)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         try:
