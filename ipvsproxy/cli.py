@@ -236,8 +236,20 @@ def duration(name: str, default: str, text: str) -> Callable[[F], F]:
 @duration("--min-sync-period", "1s", "At most one sync per this (e.g. 1s, 500ms).")
 @duration("--sync-period", "30s", "At least one full resync per this.")
 @duration("--drain-timeout", "30s", "How long a removed endpoint keeps its connections.")
-@click.option("--metrics-bind-address", default="127.0.0.1:10249", show_default=True)
-@click.option("--healthz-bind-address", default="127.0.0.1:10256", show_default=True)
+@click.option(
+    "--metrics-bind-address",
+    default="127.0.0.1:10249",
+    show_default=True,
+    metavar="ADDR:PORT",
+    help="Where /metrics (Prometheus) is served.",
+)
+@click.option(
+    "--healthz-bind-address",
+    default="127.0.0.1:10256",
+    show_default=True,
+    metavar="ADDR:PORT",
+    help="Where /healthz and /livez are served.",
+)
 @click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
 @click.option("--tcp-timeout", type=click.IntRange(min=0), default=0, help="IPVS TCP timeout, s.")
 @click.option("--tcp-fin-timeout", type=click.IntRange(min=0), default=0, help="... TCP FIN, s.")
