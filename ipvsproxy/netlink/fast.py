@@ -168,6 +168,36 @@ class _Layout:
                 self.settings_end = position
                 break
             position += (length + 3) & ~3
+        self._compile_settings(headers)
+
+    def _compile_settings(self, headers: list[tuple[int, int]]) -> None:
+        """A decoder for the settings bytes alone (what a first observation decodes).
+
+        Their attribute headers are checked all at once, as one integer under a mask, and
+        only the six wanted payloads are unpacked (the rest are pad bytes): measurably
+        cheaper than unpacking every header and comparing tuples, per destination.
+        """
+        self.settings: struct.Struct | None = None
+        fmt, mask, expected, position, order = "<", 0, 0, 0, []
+        for length, kind in headers:
+            if position >= self.settings_end:
+                break
+            mask |= 0xFFFFFFFF << (8 * position)
+            expected |= (length | kind << 16) << (8 * position)
+            size = (length + 3) & ~3
+            if kind & codec.NLA_TYPE_MASK in _WANTED[:6]:
+                fmt += "4x" + _PAYLOAD_FORMAT[length - 4]
+                order.append(kind & codec.NLA_TYPE_MASK)
+            else:
+                fmt += f"{size}x"
+            position += size
+        if sorted(order) != sorted(_WANTED[:6]) or struct.calcsize(fmt) != self.settings_end:
+            return  # a wanted setting lies past the counters: decode those the general way
+        if not _LITTLE:  # the mask is built for little-endian headers
+            return
+        self.settings = struct.Struct(fmt)
+        self.settings_mask, self.settings_expected = mask, expected
+        self.settings_pick = operator.itemgetter(*(order.index(w) for w in _WANTED[:6]))
 
 
 class DestDecoder:
@@ -205,7 +235,9 @@ class DestDecoder:
                     if settings_end:
                         start = offset + _DEST_OFFSET
                         raw = buf[start : start + settings_end]
-                        rs = previous.get(raw) or self._one(buf, offset, length, service_af)[0]
+                        rs = previous.get(raw) or self._settings(raw, service_af)
+                        if rs is None:
+                            rs = self._one(buf, offset, length, service_af)[0]
                         cache[raw] = rs
                     else:  # no layout learnt yet: this one teaches it
                         rs = self._one(buf, offset, length, service_af)[0]
@@ -234,26 +266,44 @@ class DestDecoder:
             values = layout.struct.unpack_from(buf, start)
             if values[0::3] == layout.lengths and values[1::3] == layout.kinds:
                 raw_addr, port, fwd, weight, upper, lower, active, inactive = layout.pick(values)
-                address = self._addresses.get(raw_addr)
-                if address is None:
-                    address = _ipv4(raw_addr) if af == socket.AF_INET else IPv6Address(raw_addr)
-                    self._addresses[raw_addr] = address
-                if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
-                    port = ((port & 0xFF) << 8) | (port >> 8)
-                key = _new(RSKey)
-                _rs_key_address(key, address)
-                _rs_key_port(key, port)
-                rs = _new(RealServer)
-                _rs_key(rs, key)
-                _rs_weight(rs, weight)
-                _rs_forward(rs, _FORWARD[fwd & 7])
-                _rs_upper(rs, upper)
-                _rs_lower(rs, lower)
-                return rs, active, inactive
+                return self._build(raw_addr, port, fwd, weight, upper, lower, af), active, inactive
         entry = codec.decode_dest(memoryview(buf)[start : offset + length], af)
         if layout is None:
             self._layout = _learn(buf, start, offset + length)
         return entry
+
+    def _settings(self, raw: bytes, af: int) -> RealServer | None:
+        """A destination from its settings bytes, or None if their headers are not the
+        learnt ones (the caller then decodes the whole message)."""
+        layout = self._layout
+        if layout is None or layout.settings is None:
+            return None
+        if int.from_bytes(raw, "little") & layout.settings_mask != layout.settings_expected:
+            return None
+        raw_addr, port, fwd, weight, upper, lower = layout.settings_pick(
+            layout.settings.unpack(raw)
+        )
+        return self._build(raw_addr, port, fwd, weight, upper, lower, af)
+
+    def _build(
+        self, raw_addr: bytes, port: int, fwd: int, weight: int, upper: int, lower: int, af: int
+    ) -> RealServer:
+        address = self._addresses.get(raw_addr)
+        if address is None:
+            address = _ipv4(raw_addr) if af == socket.AF_INET else IPv6Address(raw_addr)
+            self._addresses[raw_addr] = address
+        if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
+            port = ((port & 0xFF) << 8) | (port >> 8)
+        key = _new(RSKey)
+        _rs_key_address(key, address)
+        _rs_key_port(key, port)
+        rs = _new(RealServer)
+        _rs_key(rs, key)
+        _rs_weight(rs, weight)
+        _rs_forward(rs, _FORWARD[fwd & 7])
+        _rs_upper(rs, upper)
+        _rs_lower(rs, lower)
+        return rs
 
 
 _LITTLE = struct.pack("=H", 1) == b"\x01\x00"

@@ -97,6 +97,29 @@ def test_dest_decoder_equals_the_reference_whatever_the_layout(version, data, la
     assert [(a, i) for _, a, i in got] == counts
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    version=st.sampled_from([4, 6]),
+    data=st.data(),
+    layouts=st.lists(st.sampled_from(["6.1", "4.19"]), min_size=1, max_size=8),
+)
+def test_mapping_equals_the_reference_whatever_the_layout(version, data, layouts):
+    """A first observation decodes settings bytes alone; a foreign layout falls back."""
+    rss = data.draw(
+        st.lists(
+            real_servers(version, st.sampled_from(list(range(4))).map(_forward)),
+            min_size=len(layouts),
+            max_size=len(layouts),
+            unique_by=lambda r: r.key,
+        )
+    )
+    af = socket.AF_INET6 if version == 6 else socket.AF_INET
+    chunk = b"".join(kernel_dest(rs, layout=lay) for rs, lay in zip(rss, layouts, strict=True))
+    decoder = fast.DestDecoder()
+    decoder.start_round()
+    assert decoder.mapping([chunk + DONE], af) == {rs.key: rs for rs in rss}
+
+
 def _forward(n: int):
     from ipvsproxy.model import Forward
 
