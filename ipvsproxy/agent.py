@@ -36,6 +36,7 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
 if TYPE_CHECKING:
     from ipvsproxy.netlink import NetlinkKernel
+    from ipvsproxy.serve import HttpServer, Route
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ def _prepare_node(kernel: NetlinkKernel, config: Config) -> None:
     )
 
 
-def _serve(config: Config, metrics: Callable[[], bytes], health: Any) -> list[Any]:
+def _serve(config: Config, metrics: Callable[[], bytes], health: Route) -> list[HttpServer]:
     from ipvsproxy.serve import HttpServer
 
     text = "text/plain; version=0.0.4; charset=utf-8"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -113,8 +114,6 @@ class HttpServer:
 
 
 class _V6Server(ThreadingHTTPServer):
-    import socket
-
     address_family = socket.AF_INET6
 
 
