@@ -1,12 +1,16 @@
-"""Real-kernel tests. Run inside the IPVS VM by scripts/vm-test (the README's test command).
+"""Real-kernel tests, run by the README's test command: integration/netns/ (marked `netns`)
+on this host's own kernel in throw-away network namespaces, everything else inside the IPVS
+VM by scripts/vm-test.
 
-Every test here needs root and a kernel with IPVS. Elsewhere they skip, except under
-CI=true, where a missing prerequisite is a failure: CI must never go green by skipping.
+IPVS tests need root and a kernel with IPVS; netns tests root, iptables and namespaces.
+Elsewhere they skip, except under CI=true, where a missing prerequisite is a failure: CI
+must never go green by skipping.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +28,20 @@ def _missing() -> str:
     return ""
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _ipvs_host() -> None:
-    reason = _missing()
+def _netns_missing() -> str:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, iptables)"
+    for tool in ("ip", "iptables-save", "iptables-restore", "ip6tables-save"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return ""
+
+
+@pytest.fixture(autouse=True)
+def _prerequisites(request: pytest.FixtureRequest) -> None:
+    """IPVS tests need the VM's kernel; `netns` tests need root, namespaces and iptables."""
+    netns = request.node.get_closest_marker("netns") is not None
+    reason = _netns_missing() if netns else _missing()
     if reason and os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but a prerequisite is missing: {reason}", pytrace=False)
     if reason:

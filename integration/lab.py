@@ -5,7 +5,9 @@ Sockets belong to the network namespace they were created in, and setns() switch
 calling thread, so the test process briefly enters a namespace to create a socket and then
 uses it from anywhere: no helper processes to start (Python starts slowly under emulation).
 
-Topology (root namespace = the node running ipvsproxy):
+Topology (the node running ipvsproxy = the root namespace, or with `Lab(node="NS")` a
+namespace of its own, which the lab creates with forwarding on; the iptables tests on the
+host use that, so nothing of the host's own network changes):
   backend N   ns ipvsp-bN: eth0 10.244.N.2/24, default via 10.244.N.1 (root side vbN);
               or, with an explicit address: eth0 ADDRESS/32, a /32 route to it on vbN and
               proxy ARP there (several pods of one node in one subnet, as in examples/)
@@ -71,7 +73,12 @@ class Backend:
 
 
 class Lab:
-    def __init__(self) -> None:
+    def __init__(self, node: str = "") -> None:
+        self.node = node
+        if node:
+            sh("ip", "netns", "add", node)
+            sh("ip", "-n", node, "link", "set", "lo", "up")
+            sh("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         self.backends: list[Backend] = []
         self.clients: list[str] = []
         self._links: list[str] = []
@@ -79,12 +86,16 @@ class Lab:
 
     # ---- topology -----------------------------------------------------------------------
 
+    def _ip(self, *args: str) -> None:
+        """`ip` on the node's side of the links."""
+        sh("ip", *(("-n", self.node) if self.node else ()), *args)
+
     def _namespace(self, ns: str, link: str, outside: str, inside_cidr: str) -> None:
         sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self._ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
         self._links.append(link)
-        sh("ip", "addr", "add", outside, "dev", link)
-        sh("ip", "link", "set", link, "up")
+        self._ip("addr", "add", outside, "dev", link)
+        self._ip("link", "set", link, "up")
         sh("ip", "-n", ns, "addr", "add", inside_cidr, "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -107,11 +118,12 @@ class Lab:
 
     def _host_route_namespace(self, ns: str, link: str, address: str) -> None:
         sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self._ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
         self._links.append(link)
-        sh("ip", "link", "set", link, "up")
-        sh("sysctl", "-qw", f"net.ipv4.conf.{link}.proxy_arp=1")
-        sh("ip", "route", "add", f"{address}/32", "dev", link)
+        self._ip("link", "set", link, "up")
+        prefix = ("ip", "netns", "exec", self.node) if self.node else ()
+        sh(*prefix, "sysctl", "-qw", f"net.ipv4.conf.{link}.proxy_arp=1")
+        self._ip("route", "add", f"{address}/32", "dev", link)
         sh("ip", "-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -149,8 +161,11 @@ class Lab:
                 sock.close()
         for ns in [b.ns for b in self.backends] + self.clients:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        node = ["-n", self.node] if self.node else []
         for link in self._links:
-            subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
+            subprocess.run(["ip", *node, "link", "del", link], check=False, capture_output=True)
+        if self.node:
+            subprocess.run(["ip", "netns", "del", self.node], check=False, capture_output=True)
 
     # ---- servers: answer with the backend's name ---------------------------------------
 

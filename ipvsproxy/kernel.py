@@ -48,10 +48,20 @@ class Kernel(Protocol):
         """The backend's current table, including objects ipvsproxy does not own."""
         ...
 
-    def apply(self, plan: Sequence[Op]) -> ApplyReport:
+    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
         """Execute ops in order. A per-op KernelError is reported, not raised.
 
-        Raises KernelUnavailable only when the backend cannot be used at all.
+        `names` says which Service port each virtual server stands for ("ns/name:port"); a
+        backend that can keep it (iptables: rule comments) does. Raises KernelUnavailable
+        only when the backend cannot be used at all.
+        """
+        ...
+
+    def damage(self) -> tuple[str, ...]:
+        """What the last observe() found wrong in the backend's own objects that the state
+        cannot express (iptables: a rule deleted or added in an ipvsproxy chain), in words.
+
+        Any apply(), even of an empty plan, repairs it; () when there is nothing to repair.
         """
         ...
 

@@ -36,7 +36,10 @@ class FakeKernel:
         counts = self.conns.get(key, {})
         return {rs: counts.get(rs, (0, 0)) for rs in self.state.dests.get(key, {})}
 
-    def apply(self, plan: Sequence[Op]) -> ApplyReport:
+    def damage(self) -> tuple[str, ...]:
+        return ()
+
+    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
         failures: list[Failure] = []
         applied = 0
         for op in plan:

@@ -89,7 +89,10 @@ class NetlinkKernel:
 
     # ---- apply --------------------------------------------------------------------------
 
-    def apply(self, plan: Sequence[Op]) -> ApplyReport:
+    def damage(self) -> tuple[str, ...]:
+        return ()  # the IPVS table has no structure beyond what IpvsState expresses
+
+    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
         failures: list[Failure] = []
         for is_address, run in groupby(plan, key=lambda op: isinstance(op, _ADDRESS_OPS)):
             ops = list(run)

@@ -45,5 +45,5 @@ def sync(
         held = drainer.hold(desired.state, observed, connections=kernel.connections)
         state, draining, released = held.state, held.draining, held.released
     ops = plan(state, observed, ownership=ownership_for(config, node.addresses))
-    report = kernel.apply(ops) if ops else ApplyReport()
+    report = kernel.apply(ops, names=desired.origins) if ops or kernel.damage() else ApplyReport()
     return SyncResult(ops, report, state, draining, released)

@@ -1,0 +1,179 @@
+"""The iptables backend against this host's real iptables, in a throw-away network namespace:
+the Kernel contract, idempotence, drift repair, foreign rules, hostile names, cleanup."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from ipaddress import ip_address
+from pathlib import Path
+
+import pytest
+
+from ipvsproxy.agent import desired_from_manifests
+from ipvsproxy.config import Config
+from ipvsproxy.iptables import Commands, IptablesKernel
+from ipvsproxy.iptables.rules import SERVICES, sep_chain, svc_chain
+from ipvsproxy.model import (
+    AddDest,
+    AddService,
+    BindAddress,
+    Proto,
+    RealServer,
+    RSKey,
+    Scheduler,
+    VirtualServer,
+    VSKey,
+)
+from ipvsproxy.sync.engine import sync
+from ipvsproxy.sync.ownership import ownership_for
+from ipvsproxy.sync.plan import plan
+from tests.contract.kernel_contract import KernelContract
+
+pytestmark = pytest.mark.netns
+EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+FOREIGN = (
+    "-A PREROUTING -d 192.0.2.1/32 -p tcp -m tcp --dport 22 -j DNAT --to-destination 192.0.2.2:22"
+)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    name = f"ipvsp-t{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+def run(ns: str, *args: str, stdin: str | None = None) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, *args], input=stdin, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def save(ns: str) -> str:
+    """Both families' nat tables, without the timestamp comment lines."""
+    text = run(ns, "iptables-save", "-t", "nat") + run(ns, "ip6tables-save", "-t", "nat")
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+
+
+def make_kernel(ns: str) -> IptablesKernel:
+    kernel = IptablesKernel(commands=Commands(prefix=("ip", "netns", "exec", ns)))
+    kernel.check()
+    return kernel
+
+
+class TestIptablesKernel(KernelContract):
+    @pytest.fixture
+    def kernel(self, netns) -> IptablesKernel:
+        return make_kernel(netns)
+
+
+def example_sync(kernel: IptablesKernel, config: Config) -> tuple[int, int]:
+    desired, node = desired_from_manifests([EXAMPLES], config)
+    result = sync(kernel, desired, node, config)
+    return len(result.plan), len(result.report.failures)
+
+
+CONFIG = Config(node_name="node-a")
+
+
+def test_a_second_sync_changes_nothing(netns):
+    kernel = make_kernel(netns)
+    ops, failed = example_sync(kernel, CONFIG)
+    assert ops > 20
+    assert failed == 0
+    before = save(netns)
+    fresh = make_kernel(netns)  # a restarted agent reads everything back from iptables-save
+    assert example_sync(fresh, CONFIG) == (0, 0)
+    assert fresh.damage() == ()
+    assert save(netns) == before
+
+
+def test_drift_is_repaired_by_the_next_sync(netns):
+    kernel = make_kernel(netns)
+    example_sync(kernel, CONFIG)
+    good = save(netns)
+    dispatch = next(line for line in good.splitlines() if line.startswith(f"-A {SERVICES} "))
+    svc = dispatch.rsplit(" ", 1)[1]
+    first_rule = next(line for line in good.splitlines() if line.startswith(f"-A {svc} "))
+    run(netns, "iptables", "-t", "nat", "-D", *first_rule[3:].replace('"', "").split())
+    run(netns, "iptables", "-t", "nat", "-A", svc, "-s", "203.0.113.9", "-j", "RETURN")
+    run(netns, "iptables", "-t", "nat", "-D", "OUTPUT", "1")  # our jump
+    assert save(netns) != good
+    fresh = make_kernel(netns)
+    fresh.observe()
+    damage = fresh.damage()
+    assert any(svc in d for d in damage), damage
+    assert any("jumps from OUTPUT" in d for d in damage), damage
+    assert example_sync(fresh, CONFIG)[1] == 0
+    assert save(netns) == good
+    assert make_kernel(netns).observe() is not None
+
+
+def test_foreign_rules_survive_syncs_and_cleanup(netns):
+    run(
+        netns,
+        "iptables-restore",
+        "--noflush",
+        stdin=f"*nat\n{FOREIGN}\n:MINE - [0:0]\n-A MINE -j RETURN\nCOMMIT\n",
+    )
+    kernel = make_kernel(netns)
+    example_sync(kernel, CONFIG)
+    example_sync(kernel, Config(node_name="node-b"))  # other endpoints are local: changes
+    assert FOREIGN in save(netns)
+    assert "-A MINE -j RETURN" in save(netns)
+    removed = kernel.cleanup()
+    assert any(SERVICES in r for r in removed)
+    after = save(netns)
+    assert "IPVSPX" not in after
+    assert FOREIGN in after
+    assert "-A MINE -j RETURN" in after
+    assert kernel.cleanup() == []
+
+
+def test_cleanup_dry_run_changes_nothing(netns):
+    kernel = make_kernel(netns)
+    example_sync(kernel, CONFIG)
+    before = save(netns)
+    assert kernel.cleanup(dry_run=True)
+    assert save(netns) == before
+
+
+HOSTILE = "we\"ird' name $(touch /tmp/pwned) `id`; \n-A INPUT -j DROP\r\n#\\ --comment x"
+
+
+def test_hostile_names_give_valid_harmless_rules(netns):
+    kernel = make_kernel(netns)
+    key = VSKey(ip_address("10.96.7.7"), 80, Proto.TCP)
+    rs = RealServer(RSKey(ip_address("10.244.7.7"), 8080))
+    report = kernel.apply(
+        [AddService(VirtualServer(key, Scheduler.LC)), AddDest(key, rs), BindAddress(key.address)],
+        names={key: HOSTILE},
+    )
+    assert report.failures == ()
+    text = save(netns)
+    assert not Path("/tmp/pwned").exists()
+    rules = [line for line in text.splitlines() if line.startswith("-A ")]
+    assert all(line.count('"') in (0, 2) for line in rules)
+    outside_comments = [re.sub(r'"[^"]*"', "", line) for line in rules]
+    assert not any("INPUT" in line or "DROP" in line for line in outside_comments)
+    assert all("IPVSPX" in line for line in rules)
+    fresh = make_kernel(netns)
+    assert fresh.observe().services[key].scheduler is Scheduler.LC
+    assert fresh.damage() == ()
+    assert svc_chain(key) in text
+    assert sep_chain(key, rs.key) in text
+
+
+def test_plan_on_the_example_converges_and_names_the_services(netns):
+    kernel = make_kernel(netns)
+    desired, node = desired_from_manifests([EXAMPLES], CONFIG)
+    own = ownership_for(CONFIG, node.addresses)
+    ops = plan(desired.state, kernel.observe(), ownership=own)
+    assert kernel.apply(ops, names=desired.origins).failures == ()
+    text = save(netns)
+    for origin in set(desired.origins.values()):
+        assert origin in text

@@ -1,0 +1,223 @@
+"""The iptables fallback backend: the `Kernel` interface over `iptables-save`/`-restore`.
+
+Owns: `IptablesKernel` and `Commands` (how the iptables tools are run; a prefix such as
+`ip netns exec NS` runs them in another network namespace). `observe()` reads the nat
+table of each family with `iptables-save` and decodes ipvsproxy's chains only; `apply()`
+checks each operation against the observed state with the same kernel semantics as every
+backend (`model.transition`), renders the result and writes what differs in one
+`iptables-restore --noflush` transaction per family: atomic, so when the tool refuses it,
+every operation of that family fails together. A damaged chain (a rule deleted or added
+behind our back) is rewritten by the next apply, even an empty one (see `damage()`).
+
+There are no connection counters here: `connections()` says every destination is idle, so
+a removed endpoint goes at once (conntrack keeps established connections flowing to it).
+
+Imports: iptables.*, kernel, model, schedulers, errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
+from ipvsproxy.iptables.parse import Saved, parse_save, read_state
+from ipvsproxy.iptables.rules import JUMPS, render, sanitise
+from ipvsproxy.iptables.transaction import damage, removal, transaction
+from ipvsproxy.kernel import ApplyReport, Failure
+from ipvsproxy.model import (
+    AddDest,
+    AddService,
+    BindAddress,
+    DeleteDest,
+    DeleteService,
+    Forward,
+    IpvsState,
+    Op,
+    RSKey,
+    UnbindAddress,
+    UpdateDest,
+    UpdateService,
+    VSKey,
+    transition,
+)
+from ipvsproxy.schedulers import IPTABLES_FIDELITY, IptablesFidelity
+
+log = logging.getLogger(__name__)
+
+TOOLS = {4: ("iptables-save", "iptables-restore"), 6: ("ip6tables-save", "ip6tables-restore")}
+
+
+@dataclass(frozen=True, slots=True)
+class Commands:
+    """Runs the iptables tools, optionally behind a prefix (`ip netns exec NS`)."""
+
+    prefix: tuple[str, ...] = ()
+    timeout: float = 60.0
+
+    def run(self, args: Sequence[str], *, stdin: str | None = None) -> str:
+        argv = [*self.prefix, *args]
+        try:
+            done = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, timeout=self.timeout
+            )
+        except FileNotFoundError as exc:
+            raise KernelUnavailable(f"{argv[0]} not found: install iptables") from exc
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise KernelError(f"{args[0]}: {exc}") from exc
+        if done.returncode:
+            detail = done.stderr.strip().replace("\n", "; ") or f"exit status {done.returncode}"
+            raise KernelError(f"{args[0]} failed: {detail}")
+        return done.stdout
+
+
+class IptablesKernel:
+    """ipvsproxy's virtual servers as DNAT rules in its own nat chains."""
+
+    def __init__(self, *, commands: Commands | None = None) -> None:
+        self._commands = commands or Commands()
+        self._families: tuple[int, ...] = (4, 6)
+        self._saved: dict[int, Saved] | None = None
+        self._state = IpvsState()
+        self._names: dict[VSKey, str] = {}
+        self._damage: tuple[str, ...] = ()
+        self._warned: set[str] = set()
+
+    def check(self) -> None:
+        """Raise KernelUnavailable unless the IPv4 nat table can be read; IPv6 is optional."""
+        try:
+            self._save(4)
+        except KernelError as exc:
+            raise KernelUnavailable(f"iptables cannot be used: {exc}") from exc
+        try:
+            self._save(6)
+        except KernelError as exc:
+            log.warning("ip6tables cannot be used, IPv6 Services are not served: %s", exc)
+            self._families = (4,)
+
+    # ---- the Kernel interface --------------------------------------------------------------
+
+    def observe(self) -> IpvsState:
+        saved = {version: parse_save(self._save(version)) for version in self._families}
+        states = [read_state(s) for s in saved.values()]
+        names = {key: name for _, found in states for key, name in found.items()}
+        state = IpvsState(
+            services={k: v for s, _ in states for k, v in s.services.items()},
+            dests={k: v for s, _ in states for k, v in s.dests.items()},
+            bound=frozenset(a for s, _ in states for a in s.bound),
+        )
+        self._saved, self._state, self._names = saved, state, names
+        self._damage = tuple(
+            f"IPv{version}: {problem}"
+            for version in self._families
+            for problem in damage(saved[version], render(state, names, version=version))
+        )
+        return state
+
+    def damage(self) -> tuple[str, ...]:
+        """What the last observe() found wrong in ipvsproxy's own rules that no plan
+        expresses (a rule deleted or added behind our back); any apply() repairs it."""
+        return self._damage
+
+    def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
+        return {}
+
+    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+        if self._saved is None:
+            self.observe()
+        saved = self._saved or {}
+        state, done, failures = self._state, [], []
+        for op in plan:
+            try:
+                self._supported(op)
+                state = transition(state, op)
+                done.append(op)
+            except KernelError as exc:
+                failures.append(Failure(op, exc))
+        wanted = {**self._names, **(names or {})}
+        wanted = {key: name for key, name in wanted.items() if key in state.services}
+        self._warn(done, wanted)
+        written = dict(saved)
+        for version in self._families:
+            target = render(state, wanted, version=version)
+            payload = transaction(saved[version], target)
+            try:
+                if payload:
+                    self._restore(version, payload)
+                written[version] = Saved(target.chains, JUMPS)
+            except KernelError as exc:
+                self._saved = None  # unknown now: read again before the next apply
+                failed = [op for op in done if _version(op) == version]
+                failures += [Failure(op, exc) for op in failed]
+                done = [op for op in done if op not in failed]
+        if self._saved is not None:
+            self._saved, self._state, self._names, self._damage = written, state, wanted, ()
+        return ApplyReport(applied=len(done), failures=tuple(failures))
+
+    # ---- beyond the interface ---------------------------------------------------------------
+
+    def cleanup(self, *, dry_run: bool = False) -> list[str]:
+        """Remove every chain of ipvsproxy and every jump into them, in both families;
+        what was (or, with dry_run, would be) removed, in words."""
+        removed: list[str] = []
+        for version in self._families:
+            saved = parse_save(self._save(version))
+            removed += [f"IPv{version} nat: rule -A {c} {spec}" for c, spec in saved.jumps]
+            removed += [f"IPv{version} nat: chain {c}" for c in sorted(saved.chains)]
+            payload = removal(saved)
+            if payload and not dry_run:
+                self._restore(version, payload)
+        self._saved = None
+        return removed
+
+    def _save(self, version: int) -> str:
+        return self._commands.run([TOOLS[version][0], "-t", "nat"])
+
+    def _restore(self, version: int, payload: str) -> None:
+        self._commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
+
+    def _supported(self, op: Op) -> None:
+        version = _version(op)
+        if version not in self._families:
+            raise Unsupported(f"IPv{version} is not available to ip6tables here")
+        match op:
+            case AddService(vs) | UpdateService(vs) if vs.key.fwmark:
+                raise Unsupported("firewall-mark services are not supported by iptables")
+            case AddDest(key, rs) | UpdateDest(key, rs):
+                if rs.key.address.version != key.address.version:
+                    raise Unsupported(f"{rs.key} and {key} are of different IP versions")
+                if rs.forward is not Forward.MASQ:
+                    raise Unsupported(f"forwarding method {rs.forward.name} needs IPVS")
+                if rs.upper_threshold or rs.lower_threshold:
+                    raise Unsupported("connection thresholds need IPVS")
+
+    def _warn(self, done: list[Op], names: Mapping[VSKey, str]) -> None:
+        """Once per Service: its scheduler cannot be imitated, connections spread at random."""
+        for op in done:
+            if not isinstance(op, AddService | UpdateService):
+                continue
+            scheduler = op.vs.scheduler
+            if IPTABLES_FIDELITY[scheduler] is not IptablesFidelity.RANDOM:
+                continue
+            service = sanitise(names.get(op.vs.key, str(op.vs.key))).rsplit(":", 1)[0]
+            if service not in self._warned:
+                self._warned.add(service)
+                log.warning(
+                    "Service %s: scheduler %s is not available on the iptables backend; "
+                    "new connections are spread at random (by weight)",
+                    service,
+                    scheduler,
+                )
+
+
+def _version(op: Op) -> int:
+    match op:
+        case AddService(vs) | UpdateService(vs):
+            return vs.key.address.version
+        case DeleteService(key) | AddDest(key, _) | UpdateDest(key, _) | DeleteDest(key, _):
+            return key.address.version
+        case BindAddress(address) | UnbindAddress(address):
+            return address.version
+    raise TypeError(f"not an operation: {op!r}")  # pragma: no cover

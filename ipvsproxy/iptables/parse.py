@@ -1,0 +1,139 @@
+"""`iptables-save -t nat` text -> ipvsproxy's chains -> IPVS state (pure).
+
+Owns: `parse_save()` (only chains named IPVSPX-* and the rules elsewhere that jump to
+them; every other chain and rule is skipped, never interpreted), and `read_state()` (the
+virtual servers and destinations those chains encode, read best-effort: whatever cannot be
+read is left out, so the planner puts it back; `transaction.damage()` finds the rest).
+
+Imports: iptables.rules, model, schedulers, the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from ipaddress import ip_address
+
+from ipvsproxy.iptables.rules import (
+    PREFIX,
+    SEP_PREFIX,
+    SERVICES,
+    SVC_PREFIX,
+    VIP_COMMENT,
+)
+from ipvsproxy.model import (
+    IPAddress,
+    IpvsState,
+    Proto,
+    RealServer,
+    RSKey,
+    ServiceFlags,
+    VirtualServer,
+    VSKey,
+    parse_host_port,
+)
+from ipvsproxy.schedulers import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What `iptables-save` shows of ipvsproxy in one family's nat table."""
+
+    chains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    jumps: tuple[tuple[str, str], ...] = ()  # (chain, rule spec) into our chains from others
+
+
+_COMMENT = r'--comment (?:"(?P<c>[^"]*)"|(?P<bare>\S+))'
+_DISPATCH = re.compile(
+    rf"-A {SERVICES} -d (?P<addr>[0-9a-f.:]+)/(?:32|128) -p (?P<proto>tcp|udp|sctp) "
+    rf"-m comment {_COMMENT} -m (?P=proto) --dport (?P<port>\d+) -j (?P<svc>{SVC_PREFIX}\w+)$"
+)
+_VIP = re.compile(
+    rf"-A {SERVICES} -d (?P<addr>[0-9a-f.:]+)/(?:32|128) "
+    rf'-m comment --comment "{VIP_COMMENT}" -j RETURN$'
+)
+_SERVICE = re.compile(
+    r"(?P<name>\S+) sched=(?P<sched>\w+) flags=(?P<flags>0x[0-9a-f]+) timeout=(?P<timeout>\d+)$"
+)
+_DNAT = re.compile(rf"-m comment {_COMMENT} -j DNAT --to-destination (?P<to>\S+)$")
+_WEIGHT = re.compile(r"\S+ weight=(?P<weight>\d+)$")
+
+
+def parse_save(text: str) -> Saved:
+    """ipvsproxy's chains (rules in order) and the jumps into them, from `iptables-save`."""
+    chains: dict[str, list[str]] = {}
+    jumps: list[tuple[str, str]] = []
+    table = ""
+    for line in text.splitlines():
+        if line.startswith("*"):
+            table = line[1:].strip()
+        elif table != "nat":
+            continue
+        elif line.startswith(":" + PREFIX):
+            chains.setdefault(line[1:].split(" ", 1)[0], [])
+        elif line.startswith("-A "):
+            chain, _, spec = line[3:].partition(" ")
+            if chain.startswith(PREFIX):
+                chains.setdefault(chain, []).append(line)
+            elif f"-j {PREFIX}" in spec or f"-g {PREFIX}" in spec:
+                jumps.append((chain, spec))
+    return Saved({k: tuple(v) for k, v in chains.items()}, tuple(jumps))
+
+
+def read_state(saved: Saved) -> tuple[IpvsState, dict[VSKey, str]]:
+    """The virtual servers, destinations and VIPs the chains encode, and each one's name."""
+    services: dict[VSKey, VirtualServer] = {}
+    names: dict[VSKey, str] = {}
+    svc_of: dict[str, VSKey] = {}
+    bound: set[IPAddress] = set()
+    for line in saved.chains.get(SERVICES, ()):
+        if vip := _VIP.match(line):
+            bound.add(ip_address(vip["addr"]))
+        elif parsed := _service(line):
+            vs, name, chain = parsed
+            services[vs.key], names[vs.key], svc_of[chain[len(SVC_PREFIX) :][:8]] = vs, name, vs.key
+    dests: dict[VSKey, dict[RSKey, RealServer]] = defaultdict(dict)
+    for chain, lines in saved.chains.items():
+        key = svc_of.get(chain[len(SEP_PREFIX) :][:8]) if chain.startswith(SEP_PREFIX) else None
+        rs = _dest(lines) if key is not None else None
+        if key is not None and rs is not None:
+            dests[key][rs.key] = rs
+    state = IpvsState(
+        services=services,
+        dests={key: dests.get(key, {}) for key in services},
+        bound=frozenset(bound),
+    )
+    return state, names
+
+
+def _service(line: str) -> tuple[VirtualServer, str, str] | None:
+    m = _DISPATCH.match(line)
+    meta = _SERVICE.match(m["c"] or m["bare"]) if m else None
+    if m is None or meta is None:
+        return None
+    try:
+        key = VSKey(ip_address(m["addr"]), int(m["port"]), Proto[m["proto"].upper()])
+        vs = VirtualServer(
+            key,
+            scheduler=Scheduler(meta["sched"]),
+            flags=ServiceFlags(int(meta["flags"], 16)),
+            timeout_s=int(meta["timeout"]),
+        )
+    except ValueError:
+        return None
+    return vs, meta["name"], m["svc"]
+
+
+def _dest(lines: tuple[str, ...]) -> RealServer | None:
+    for line in lines:
+        m = _DNAT.search(line)
+        weight = _WEIGHT.match(m["c"] or m["bare"]) if m else None
+        if m is not None and weight is not None:
+            try:
+                address, port = parse_host_port(m["to"])
+            except ValueError:
+                return None
+            return RealServer(RSKey(address, port), weight=int(weight["weight"]))
+    return None

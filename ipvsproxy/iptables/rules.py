@@ -1,0 +1,224 @@
+"""IPVS state -> ipvsproxy's own chains in the nat table, as `iptables-save` prints them (pure).
+
+Owns: chain names, comment sanitising, and `render(state, names)`: the exact rule lines of
+every chain ipvsproxy owns in one address family, in the canonical form `iptables-save`
+prints (checked against iptables 1.8, legacy and nf_tables), so that rendered and observed
+chains compare as text. The layout:
+
+    PREROUTING, OUTPUT  -> IPVSPX-SERVICES      one rule per virtual server (destination
+                                                address, protocol, port) -> its SVC chain,
+                                                then one RETURN rule per VIP (the record of
+                                                `IpvsState.bound`)
+    IPVSPX-SVC-<hash>   per virtual server: session affinity (`recent`), then the
+                        scheduler's choice among destinations of weight > 0 -> SEP chains
+    IPVSPX-SEP-<hash>   per destination: hairpin / NodePort masquerade mark, affinity record,
+                        DNAT to the endpoint (weight-0 destinations keep their chain, unused)
+    POSTROUTING         -> IPVSPX-POSTROUTING   masquerade what carries the mark, clear it
+
+Schedulers, as close as iptables allows (see `schedulers.IPTABLES_FIDELITY`):
+  rr   -> `statistic --mode nth`: exact round robin over new connections;
+  sh   -> HMARK on the source address (plus source port with sh-port), one rule per
+          destination matching the mark: one client address always lands on one backend;
+  dh   -> HMARK on the destination address (a virtual server has one: one backend);
+  every other scheduler -> `statistic --mode random`, by weight (wrr's weights hold on
+          average, not per cycle; lc, sed, nq and the rest cannot count connections here).
+The scheduler, flags, persistence timeout and weights are also written into rule comments,
+so an observation reads them back exactly (the contract every backend keeps).
+
+Comments carry the Service port's name, reduced to characters that cannot end a comment or
+start another option: nothing from an API object reaches the rules otherwise.
+
+Imports: model, schedulers, the standard library.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ipvsproxy.model import (
+    IPAddress,
+    IpvsState,
+    Proto,
+    RealServer,
+    RSKey,
+    ServiceFlags,
+    VirtualServer,
+    VSKey,
+    host_port,
+    rs_order,
+    vs_order,
+)
+from ipvsproxy.schedulers import Scheduler
+
+PREFIX = "IPVSPX-"
+SERVICES = "IPVSPX-SERVICES"
+POSTROUTING = "IPVSPX-POSTROUTING"
+MARK_MASQ = "IPVSPX-MARK-MASQ"
+SVC_PREFIX = "IPVSPX-SVC-"
+SEP_PREFIX = "IPVSPX-SEP-"
+MASQ_BIT = 0x4000  # kube-proxy's masquerade bit
+HMARK_SEED = 0x69707673  # "ipvs": any fixed value; a client must hash alike across syncs
+VIP_COMMENT = "ipvsproxy vip"
+
+# Jumps from the built-in chains (chain, rule spec), inserted at the top, once.
+JUMPS: tuple[tuple[str, str], ...] = (
+    ("PREROUTING", f'-m comment --comment "ipvsproxy service portals" -j {SERVICES}'),
+    ("OUTPUT", f'-m comment --comment "ipvsproxy service portals" -j {SERVICES}'),
+    ("POSTROUTING", f'-m comment --comment "ipvsproxy postrouting rules" -j {POSTROUTING}'),
+)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:/\[\]-]")
+NAME_LIMIT = 160  # comments hold 256 bytes; the rest of ours is short
+
+
+def sanitise(name: str) -> str:
+    """A name safe inside a double-quoted comment and unambiguous to parse back: letters,
+    digits and `._:/[]-` only (everything else becomes `_`), at most NAME_LIMIT long."""
+    return _UNSAFE.sub("_", name)[:NAME_LIMIT] or "_"
+
+
+def _hash(text: str) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return base64.b32encode(digest).decode()[:16]
+
+
+def svc_chain(key: VSKey) -> str:
+    return SVC_PREFIX + _hash(str(key))
+
+
+def sep_chain(key: VSKey, rs: RSKey) -> str:
+    """The SEP chain starts with 8 characters of its SVC chain's hash: an observation groups
+    destinations by it (the weight-0 ones are referenced by no rule)."""
+    return SEP_PREFIX + _hash(str(key))[:8] + _hash(f"{key}|{rs}")[:8]
+
+
+def service_comment(name: str, vs: VirtualServer) -> str:
+    return f"{name} sched={vs.scheduler} flags={int(vs.flags):#x} timeout={vs.timeout_s}"
+
+
+def dest_comment(name: str, rs: RealServer) -> str:
+    return f"{name} weight={rs.weight}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ruleset:
+    """ipvsproxy's chains in one family's nat table: chain -> rule lines (`-A CHAIN ...`)."""
+
+    chains: Mapping[str, tuple[str, ...]]
+
+
+def render(state: IpvsState, names: Mapping[VSKey, str], *, version: int) -> Ruleset:
+    """Every chain ipvsproxy owns for the virtual servers of one IP version (4 or 6)."""
+    chains: dict[str, tuple[str, ...]] = {
+        MARK_MASQ: (f"-A {MARK_MASQ} -j MARK --set-xmark {MASQ_BIT:#x}/{MASQ_BIT:#x}",),
+        POSTROUTING: (
+            f"-A {POSTROUTING} -m mark ! --mark {MASQ_BIT:#x}/{MASQ_BIT:#x} -j RETURN",
+            f"-A {POSTROUTING} -j MARK --set-xmark 0x0/{MASQ_BIT:#x}",
+            f"-A {POSTROUTING} -j MASQUERADE --random-fully",
+        ),
+    }
+    dispatch: list[str] = []
+    keys = sorted((k for k in state.services if k.address.version == version), key=vs_order)
+    for key in keys:
+        vs = state.services[key]
+        name = sanitise(names.get(key) or str(key))
+        chain = svc_chain(key)
+        dispatch.append(
+            f"-A {SERVICES} -d {_net(key.address)} -p {_proto(key.proto)} "
+            f'-m comment --comment "{service_comment(name, vs)}" '
+            f"-m {_proto(key.proto)} --dport {key.port} -j {chain}"
+        )
+        dests = sorted(state.dests.get(key, {}).values(), key=lambda rs: rs_order(rs.key))
+        chains[chain] = _svc_rules(vs, chain, dests)
+        masquerade = key.address not in state.bound  # a NodePort: the reply must come back
+        for rs in dests:
+            sep = sep_chain(key, rs.key)
+            chains[sep] = _sep_rules(vs, sep, rs, name, masquerade=masquerade)
+    for address in sorted(a for a in state.bound if a.version == version):
+        dispatch.append(
+            f'-A {SERVICES} -d {_net(address)} -m comment --comment "{VIP_COMMENT}" -j RETURN'
+        )
+    chains[SERVICES] = tuple(dispatch)
+    return Ruleset(chains)
+
+
+def _svc_rules(vs: VirtualServer, chain: str, dests: list[RealServer]) -> tuple[str, ...]:
+    active = [rs for rs in dests if rs.weight > 0]
+    seps = [sep_chain(vs.key, rs.key) for rs in active]
+    rules: list[str] = []
+    if vs.flags & ServiceFlags.PERSISTENT:
+        mask = _full_mask(vs.key.address)
+        age = f"--seconds {vs.timeout_s} --reap " if vs.timeout_s else ""
+        rules += [
+            f"-A {chain} -m recent --rcheck {age}--name {sep} --mask {mask} --rsource -j {sep}"
+            for sep in seps
+        ]
+    if len(seps) == 1:
+        rules.append(f"-A {chain} -j {seps[0]}")
+    elif seps and vs.scheduler is Scheduler.RR:
+        n = len(seps)
+        rules += [
+            f"-A {chain} -m statistic --mode nth --every {n - i} --packet 0 -j {sep}"
+            for i, sep in enumerate(seps[:-1])
+        ]
+        rules.append(f"-A {chain} -j {seps[-1]}")
+    elif seps and vs.scheduler in (Scheduler.SH, Scheduler.DH):
+        rules.append(f"-A {chain} -j HMARK {_hmark(vs, len(seps))}")
+        rules += [f"-A {chain} -m mark --mark {i + 1:#x} -j {sep}" for i, sep in enumerate(seps)]
+    elif seps:
+        weights = [rs.weight for rs in active]
+        for i, sep in enumerate(seps[:-1]):
+            p = _probability(weights[i] / sum(weights[i:]))
+            rules.append(f"-A {chain} -m statistic --mode random --probability {p} -j {sep}")
+        rules.append(f"-A {chain} -j {seps[-1]}")
+    return tuple(rules)
+
+
+def _sep_rules(
+    vs: VirtualServer, chain: str, rs: RealServer, name: str, *, masquerade: bool
+) -> tuple[str, ...]:
+    proto = _proto(vs.key.proto)
+    rules = [f"-A {chain} -s {_net(rs.key.address)} -j {MARK_MASQ}"]  # hairpin
+    if masquerade:
+        rules.append(f"-A {chain} -j {MARK_MASQ}")
+    if vs.flags & ServiceFlags.PERSISTENT:
+        mask = _full_mask(vs.key.address)
+        rules.append(f"-A {chain} -m recent --set --name {chain} --mask {mask} --rsource")
+    rules.append(
+        f'-A {chain} -p {proto} -m comment --comment "{dest_comment(name, rs)}" '
+        f"-j DNAT --to-destination {host_port(rs.key.address, rs.key.port)}"
+    )
+    return tuple(rules)
+
+
+def _hmark(vs: VirtualServer, n: int) -> str:
+    bits = 32 if vs.key.address.version == 4 else 128
+    if vs.scheduler is Scheduler.DH:
+        tuple_ = f"--hmark-dst-prefix {bits}"
+    else:
+        tuple_ = f"--hmark-src-prefix {bits}"
+        if vs.flags & ServiceFlags.SCHED2:  # sh-port: hash the source port too
+            tuple_ += " --hmark-sport-mask 0xffff"
+    return f"{tuple_} --hmark-rnd {HMARK_SEED:#x} --hmark-mod {n} --hmark-offset 1"
+
+
+def _probability(p: float) -> str:
+    """As the statistic match stores (p * 2^31, rounded) and iptables-save prints it."""
+    raw = int(p * 0x80000000 + 0.5)
+    return f"{raw / 0x80000000:.11f}"
+
+
+def _net(address: IPAddress) -> str:
+    return f"{address}/{32 if address.version == 4 else 128}"
+
+
+def _full_mask(address: IPAddress) -> str:
+    return "255.255.255.255" if address.version == 4 else "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+
+
+def _proto(proto: Proto) -> str:
+    return proto.name.lower()

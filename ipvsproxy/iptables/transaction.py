@@ -1,0 +1,74 @@
+"""Saved chains vs the chains wanted -> the damage in words, and one restore transaction (pure).
+
+Owns: `damage()` (where ipvsproxy's chains differ from what they should be: a deleted rule,
+a rule someone added, a stray chain, a missing or doubled jump) and `transaction()` (the
+`iptables-restore --noflush` input that makes them so, touching only what differs: changed
+chains are declared, which flushes them, and refilled; stale chains are declared and
+deleted after every reference to them is gone; jumps are inserted or de-duplicated one by
+one. Chains and rules of anyone else never appear in it: `--noflush` leaves them alone).
+
+Imports: iptables.rules, iptables.parse.
+"""
+
+from __future__ import annotations
+
+from ipvsproxy.iptables.parse import Saved
+from ipvsproxy.iptables.rules import JUMPS, Ruleset
+
+
+def damage(saved: Saved, target: Ruleset) -> tuple[str, ...]:
+    """How the saved chains and jumps differ from `target`, in words ("" = none)."""
+    found: list[str] = []
+    for chain in sorted(set(saved.chains) | set(target.chains)):
+        have, want = saved.chains.get(chain), target.chains.get(chain)
+        if have is None:
+            found.append(f"chain {chain} is missing")
+        elif want is None:
+            found.append(f"chain {chain} is not ipvsproxy's current state")
+        elif have != want:
+            extra = len(set(have) - set(want))
+            missing = len(set(want) - set(have))
+            found.append(
+                f"chain {chain} differs ({missing} rules missing, {extra} unexpected"
+                + (", order" if not (extra or missing) else "")
+                + ")"
+            )
+    for chain, spec in JUMPS:
+        count = saved.jumps.count((chain, spec))
+        if count != 1:
+            found.append(f"{count} jumps from {chain} where 1 belongs")
+    return tuple(found)
+
+
+def transaction(saved: Saved, target: Ruleset) -> str:
+    """The restore input turning `saved` into `target` ("" when they are equal)."""
+    changed = [c for c, rules in target.chains.items() if saved.chains.get(c) != rules]
+    stale = sorted(c for c in saved.chains if c not in target.chains)
+    jumps: list[str] = []
+    for chain, spec in JUMPS:
+        count = saved.jumps.count((chain, spec))
+        if count == 0:
+            jumps.append(f"-I {chain} 1 {spec}")
+        jumps += [f"-D {chain} {spec}"] * max(0, count - 1)
+    if not (changed or stale or jumps):
+        return ""
+    lines = ["*nat"]
+    lines += [f":{chain} - [0:0]" for chain in (*changed, *stale)]
+    for chain in changed:
+        lines += target.chains[chain]
+    lines += jumps
+    lines += [f"-X {chain}" for chain in stale]
+    lines += ["COMMIT", ""]
+    return "\n".join(lines)
+
+
+def removal(saved: Saved) -> str:
+    """The restore input removing every chain of ipvsproxy and every jump into them."""
+    if not (saved.chains or saved.jumps):
+        return ""
+    lines = ["*nat"]
+    lines += [f"-D {chain} {spec}" for chain, spec in saved.jumps]
+    lines += [f":{chain} - [0:0]" for chain in sorted(saved.chains)]
+    lines += [f"-X {chain}" for chain in sorted(saved.chains)]
+    lines += ["COMMIT", ""]
+    return "\n".join(lines)
