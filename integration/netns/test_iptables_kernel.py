@@ -23,10 +23,10 @@ from ipvsproxy.model import (
     Proto,
     RealServer,
     RSKey,
-    Scheduler,
     VirtualServer,
     VSKey,
 )
+from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.engine import sync
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
