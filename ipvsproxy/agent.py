@@ -13,7 +13,6 @@ Imports: everything below it; never click.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ipvsproxy import api, ipvsadm, manifests
+from ipvsproxy import api, backends, ipvsadm, manifests
+from ipvsproxy.backends import BACKENDS, IPVS, open_backend, prepare, remove_leftovers
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError
 from ipvsproxy.model import IpvsState
@@ -35,7 +35,6 @@ from ipvsproxy.sync.render import Line, describe
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
 if TYPE_CHECKING:
-    from ipvsproxy.netlink import NetlinkKernel
     from ipvsproxy.serve import HttpServer, Route
 
 log = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     desired, node = desired_from(source, config)
     notes: tuple[str, ...] = ()
     state = desired.state
+    manage_addresses = True
     if kernel_state is not None:
         observed = read_kernel_state(kernel_state)
         notes = (
@@ -117,15 +117,18 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             "connection counts are unknown: removed endpoints are shown deleted, not drained",
         )
     else:
-        with _live_kernel(config) as kernel:
+        with open_backend(config) as backend:
+            kernel = backend.kernel
             observed = kernel.observe()
             drainer = Drainer(timeout=config.drain_timeout)
             state = drainer.hold(state, observed, connections=kernel.connections).state
+            notes = tuple(f"{backend.name}: repair: {d}" for d in kernel.damage())
+            manage_addresses = backend.name == IPVS
     ops = plan(
         state,
         observed,
         ownership=ownership_for(config, node.addresses),
-        manage_addresses=kernel_state is None,
+        manage_addresses=kernel_state is None and manage_addresses,
     )
     lines = tuple(describe(op, desired.origins, observed, config.dummy_device) for op in ops)
     return DiffResult(lines, desired.warnings, notes)
@@ -136,9 +139,10 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:
     desired, node = desired_from_manifests(manifest_paths, config)
     for warning in desired.warnings:
         log.warning("%s", warning)
-    with _live_kernel(config) as kernel:  # first: no IPVS, nothing on the node is touched
-        _prepare_node(kernel, config)
-        result = sync(kernel, desired, node, config)
+    with open_backend(config) as backend:  # first: no backend, nothing on the node is touched
+        prepare(backend, config)
+        remove_leftovers(backend, config)
+        result = sync(backend.kernel, desired, node, config)
     log.info("sync done: %d operations, %d failed", len(result.plan), len(result.report.failures))
     return result
 
@@ -167,12 +171,14 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         runner.request()
 
     tracker = Tracker(required=(SERVICE, SLICE, NODE), on_change=changed)
-    with _live_kernel(config) as kernel:
-        _prepare_node(kernel, config)
-        metrics.use_backend("ipvs")
-        health.detail = {"backend": "ipvs"}
+    with open_backend(config) as backend:
+        prepare(backend, config)
+        remove_leftovers(backend, config)
+        metrics.use_backend(backend.name, others=BACKENDS)
+        health.detail = backend.detail
+        log.info("backend: %s (%s)", backend.name, backend.reason)
         sync_pass = SyncPass(
-            kernel=kernel, config=config, tracker=tracker, metrics=metrics, health=health
+            kernel=backend.kernel, config=config, tracker=tracker, metrics=metrics, health=health
         )
         runner = Runner(
             sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period
@@ -207,18 +213,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             thread.join(timeout=0.5)  # watchers blocked in a read are daemons: not waited for
     if fatal:
         raise fatal[0]
-    log.info("stopped; IPVS rules left in place")
-
-
-def _prepare_node(kernel: NetlinkKernel, config: Config) -> None:
-    from ipvsproxy.netlink import sysctl
-
-    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
-    for setting in sysctl.ensure(settings):
-        log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
-    kernel.set_timeouts(
-        tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
-    )
+    log.info("stopped; %s rules left in place", backend.name)
 
 
 def _serve(config: Config, metrics: Callable[[], bytes], health: Route) -> list[HttpServer]:
@@ -316,7 +311,6 @@ def _describe(source: Source) -> str:
     return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"
 
 
-def _live_kernel(config: Config) -> NetlinkKernel:
-    from ipvsproxy.netlink import NetlinkKernel
-
-    return NetlinkKernel(device=config.dummy_device)
+def cleanup(config: Config, *, dry_run: bool) -> list[str]:
+    """Remove (or, with dry_run, list) everything ipvsproxy owns in both backends."""
+    return backends.cleanup(config, dry_run=dry_run)

@@ -2,7 +2,8 @@
 
 Exit codes are API: `diff` exits 0 in sync, 1 with changes pending, 2 on any error (with a
 one-line message, never a traceback). `run` exits 0 when every operation was applied, 1 when
-some failed, 2 on bad input, 3 when it cannot start (no usable kernel backend).
+some failed, 2 on bad input, 3 when it cannot start (no usable kernel backend), 4 when IPVS
+is not usable and `--no-fallback` forbids the iptables fallback.
 
 Imports: click (only here), config, agent, errors.
 """
@@ -28,13 +29,14 @@ from ipvsproxy.config import (
     parse_port_range,
     parse_scheduler,
 )
-from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelUnavailable
+from ipvsproxy.errors import ConfigError, FallbackRefused, IpvsproxyError, KernelUnavailable
 from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
 
 EXIT_FAILED_OPS = 1
 EXIT_ERROR = 2
 EXIT_STARTUP_FAILURE = 3
+EXIT_NO_FALLBACK = 4
 log = logging.getLogger("ipvsproxy")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -119,6 +121,18 @@ def node_options(func: F) -> F:
             show_default=True,
             help="The dummy device that holds the VIPs.",
         ),
+        click.option(
+            "--backend",
+            type=click.Choice(["auto", "ipvs", "iptables"]),
+            default="auto",
+            show_default=True,
+            help="auto: IPVS when a probe virtual server works, else the iptables fallback.",
+        ),
+        click.option(
+            "--no-fallback",
+            is_flag=True,
+            help="With --backend auto: exit (status 4) instead of falling back to iptables.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -138,6 +152,8 @@ def make_config(opts: dict[str, Any]) -> Config:
             opts["service_node_port_range"], option="--service-node-port-range"
         ),
         dummy_device=opts["dummy_device"],
+        backend=opts["backend"],
+        fallback=not opts["no_fallback"],
     )
 
 
@@ -148,6 +164,9 @@ def errors_to_exit(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except FallbackRefused as exc:
+            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            sys.exit(EXIT_NO_FALLBACK)
         except KernelUnavailable as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_STARTUP_FAILURE if func.__name__ == "run" else EXIT_ERROR)
@@ -262,7 +281,8 @@ def run(once: bool, **opts: Any) -> None:
     Watches the Kubernetes API (--kubeconfig, else in-cluster, else ~/.kube/config), or
     reads --manifests and re-reads them when they change. Stops on SIGTERM/SIGINT, leaving
     the rules in place. Exit status: 0 stopped (or, with --once, all applied), 1 some
-    operations failed (--once), 2 bad input or the API refused us, 3 no IPVS.
+    operations failed (--once), 2 bad input or the API refused us, 3 no usable backend,
+    4 no IPVS and --no-fallback.
     """
     source = make_source(opts)
     config = run_config(opts)
@@ -306,3 +326,21 @@ def run_config(opts: dict[str, Any]) -> Config:
         metrics_bind_address=bind("metrics_bind_address"),
         healthz_bind_address=bind("healthz_bind_address"),
     )
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
+@node_options
+@errors_to_exit
+def cleanup(dry_run: bool, **opts: Any) -> None:
+    """Remove everything ipvsproxy owns, in both backends, and nothing else.
+
+    IPVS: its virtual servers (the ownership rule: VIPs on the dummy device, --service-cidr,
+    NodePorts on this host's addresses), the VIPs and the dummy device. iptables: its
+    chains (IPVSPX-*) and the jumps into them. Exit status: 0 done, 2 error.
+    """
+    removed = agent.cleanup(make_config(opts), dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for item in removed:
+        click.echo(f"{verb}: {item}")
+    click.echo(f"{verb} {len(removed)} objects" if removed else "nothing of ipvsproxy's found")

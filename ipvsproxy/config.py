@@ -34,6 +34,8 @@ class Config:
     exclude_cidrs: tuple[IPNetwork, ...] = ()  # never touched, whatever else says
     nodeport_range: tuple[int, int] = DEFAULT_NODEPORT_RANGE
     dummy_device: str = "kube-ipvs0"
+    backend: str = "auto"  # ipvs | iptables | auto (IPVS when usable, else iptables)
+    fallback: bool = True  # auto may fall back to iptables (--no-fallback: it may not)
     strict_arp: bool = False
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
     tcp_fin_timeout: int = 0

@@ -9,6 +9,7 @@
         ├── AlreadyExists    the object to add exists already
         ├── Unsupported      the kernel lacks a scheduler, protocol or feature
         └── KernelUnavailable  the backend cannot be used at all
+            └── FallbackRefused  IPVS is not usable and --no-fallback forbids iptables
 
 Imports: the standard library only.
 """
@@ -48,3 +49,7 @@ class Unsupported(KernelError):
 
 class KernelUnavailable(KernelError):
     """The backend cannot be used at all (no IPVS, no permission)."""
+
+
+class FallbackRefused(KernelUnavailable):
+    """IPVS is not usable here and the iptables fallback is not allowed (`--no-fallback`)."""

@@ -77,11 +77,12 @@ def test_diff_in_sync_exits_0(tmp_path):
         (["--scheduler", "fastest"], "--scheduler: 'fastest' is not an IPVS scheduler"),
         (["--nodeport-addresses", "10.0.0.0/33"], "--nodeport-addresses: '10.0.0.0/33'"),
         (["--service-node-port-range", "3-2"], "--service-node-port-range"),
-        ([], "IPVS"),  # no saved table: the live kernel, which this host lacks
+        (["--backend", "ipvs"], "IPVS"),  # no saved table: the live kernel, which lacks IPVS
     ],
 )
 def test_diff_errors_exit_2_with_one_clear_line(args, message):
-    state = [] if "--kernel-state" in args or not args else ["--kernel-state", str(STATE)]
+    live = "--kernel-state" in args or "--backend" in args
+    state = [] if live else ["--kernel-state", str(STATE)]
     result = run("diff", "--manifests", str(EXAMPLE), *state, *args)
     assert result.exit_code == 2
     assert message in result.stderr
@@ -157,16 +158,24 @@ def test_run_hands_the_parsed_config_and_source_to_the_agent(monkeypatch):
     assert seen["s"] == agent.Cluster(Path("kc.yaml"), "prod")
 
 
-def test_run_without_ipvs_exits_3_before_touching_anything(tmp_path):
-    """This host's kernel has no IPVS: the real backend must say so and exit 3."""
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--backend", "ipvs"], 3, "IPVS"),
+        (["--no-fallback"], 4, "--no-fallback forbids the iptables fallback"),
+    ],
+)
+def test_run_without_ipvs_exits_before_touching_anything(args, status, message):
+    """This host's kernel has no IPVS: --backend ipvs exits 3, auto with --no-fallback 4."""
     from pathlib import Path as P
 
     if P("/proc/net/ip_vs").exists():
         pytest.skip("this kernel has IPVS")
     result = run("run", "--manifests", str(EXAMPLE), "--metrics-bind-address", "127.0.0.1:0",
-                 "--healthz-bind-address", "127.0.0.1:0")  # fmt: skip
-    assert result.exit_code == 3, result.output
-    assert "IPVS" in result.stderr
+                 "--healthz-bind-address", "127.0.0.1:0", *args)  # fmt: skip
+    assert result.exit_code == status, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
 
 
 def test_run_once_exit_codes(monkeypatch):

@@ -122,6 +122,9 @@ class NetlinkKernel:
         if tcp or tcp_fin or udp:
             self._genl.request(codec.CMD_SET_CONFIG, codec.timeouts_attrs(tcp, tcp_fin, udp))
 
+    def has_device(self) -> bool:
+        return self._device.index(create=False) is not None
+
     def remove_device(self) -> bool:
         return self._device.delete()
 

@@ -91,6 +91,15 @@ class DummyDevice:
         return True
 
 
+def host_addresses() -> tuple[IPAddress, ...]:
+    """Every address on this host's links (where NodePort virtual servers listen)."""
+    try:
+        with IPRoute() as ipr:
+            return tuple(ip_address(m.get("IFA_ADDRESS")) for m in ipr.get_addr())
+    except NetlinkError as exc:
+        raise _mapped(exc, "list addresses") from exc
+
+
 def _mapped(exc: NetlinkError, what: str) -> KernelError:
     code = exc.code
     text = f"{what}: {exc}"

@@ -40,7 +40,7 @@ def saved_from(ruleset: Ruleset) -> Saved:
     return Saved(ruleset.chains, JUMPS)
 
 
-def merged(state: IpvsState, names: dict) -> tuple[IpvsState, dict]:
+def merged(state: IpvsState, names: dict[VSKey, str]) -> tuple[IpvsState, dict[VSKey, str]]:
     """Render both families and read them back as the kernel does."""
     found = [read_state(saved_from(render(state, names, version=v))) for v in (4, 6)]
     return (

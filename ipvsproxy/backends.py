@@ -1,0 +1,180 @@
+"""Which kernel backend to use, opening it, and removing what either backend left behind.
+
+Owns: `open_backend()` (`--backend ipvs|iptables|auto`: auto probes IPVS for real, with the
+configured scheduler, and falls back to iptables loudly: a WARNING that says why, the
+reason kept for /healthz and the metric, or, with `--no-fallback`, `FallbackRefused`),
+`prepare()` (the node settings the backend needs), `remove_leftovers()` (when the backend
+changed between runs, the other one's objects go) and `cleanup()` (everything ipvsproxy
+owns in both backends, and nothing else).
+
+Imports: netlink, iptables, sync, kernel, model, config, errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ipvsproxy.config import Config
+from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable
+from ipvsproxy.iptables import IptablesKernel
+from ipvsproxy.kernel import Kernel
+from ipvsproxy.model import EMPTY, IPAddress
+from ipvsproxy.sync.ownership import ownership_for
+from ipvsproxy.sync.plan import plan
+
+if TYPE_CHECKING:
+    from ipvsproxy.netlink import NetlinkKernel
+
+log = logging.getLogger(__name__)
+
+IPVS, IPTABLES = "ipvs", "iptables"
+BACKENDS = (IPVS, IPTABLES)
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The kernel backend in use and why."""
+
+    kernel: Kernel
+    name: str  # "ipvs" or "iptables"
+    reason: str
+    fallback: bool = False  # iptables because IPVS is not usable here
+
+    @property
+    def detail(self) -> dict[str, object]:
+        """What /healthz reports about the backend."""
+        detail: dict[str, object] = {"backend": self.name, "backendReason": self.reason}
+        if self.fallback:
+            detail["fallback"] = True
+        return detail
+
+
+@contextmanager
+def open_backend(config: Config) -> Iterator[Backend]:
+    """The backend `config.backend` asks for; KernelUnavailable (FallbackRefused) if none."""
+    if config.backend == IPTABLES:
+        yield Backend(_iptables(), IPTABLES, "--backend iptables")
+        return
+    if config.backend == IPVS:
+        with _ipvs(config) as kernel:
+            yield Backend(kernel, IPVS, "--backend ipvs")
+        return
+    from ipvsproxy.netlink.probe import probe
+
+    result = probe(config.scheduler)
+    if result.usable:
+        with _ipvs(config) as kernel:
+            yield Backend(kernel, IPVS, result.reason)
+        return
+    if not config.fallback:
+        raise FallbackRefused(
+            f"IPVS is not usable here ({result.reason}) and --no-fallback forbids the "
+            "iptables fallback"
+        )
+    log.warning(
+        "IPVS is not usable here (%s): FALLING BACK to the iptables backend "
+        "(schedulers are approximated; see the README, 'iptables fallback')",
+        result.reason,
+    )
+    yield Backend(_iptables(), IPTABLES, f"IPVS is not usable: {result.reason}", fallback=True)
+
+
+def prepare(backend: Backend, config: Config) -> None:
+    """Kernel settings the backend needs (sysctls; IPVS connection timeouts)."""
+    from ipvsproxy.netlink import sysctl
+    from ipvsproxy.netlink.kernel import NetlinkKernel
+
+    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
+    if backend.name == IPTABLES:  # the IPVS settings do not exist without IPVS
+        settings = tuple(s for s in settings if ".vs." not in s.name)
+    for setting in sysctl.ensure(settings):
+        log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
+    if isinstance(backend.kernel, NetlinkKernel):
+        backend.kernel.set_timeouts(
+            tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
+        )
+
+
+def remove_leftovers(backend: Backend, config: Config) -> list[str]:
+    """The other backend's objects, removed: the backend changed since the last run."""
+    if backend.name == IPVS:
+        removed = _iptables_cleanup(dry_run=False)
+    else:
+        removed = _ipvs_cleanup(config, dry_run=False)
+    for item in removed:
+        log.warning("removed a leftover of the %s backend: %s", _other(backend.name), item)
+    return removed
+
+
+def cleanup(config: Config, *, dry_run: bool) -> list[str]:
+    """Everything ipvsproxy owns in both backends, removed (or listed, with dry_run)."""
+    return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
+
+
+def _ipvs(config: Config) -> NetlinkKernel:
+    from ipvsproxy.netlink import NetlinkKernel
+
+    return NetlinkKernel(device=config.dummy_device)
+
+
+def _iptables() -> IptablesKernel:
+    kernel = IptablesKernel()
+    kernel.check()
+    return kernel
+
+
+def _iptables_cleanup(*, dry_run: bool) -> list[str]:
+    try:
+        kernel = IptablesKernel()
+        kernel.check()
+        return kernel.cleanup(dry_run=dry_run)
+    except KernelUnavailable as exc:
+        log.debug("no iptables to clean up: %s", exc)
+        return []
+
+
+def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
+    """ipvsproxy's virtual servers (the ownership rule, as for any sync), its VIPs and its
+    dummy device. NodePort virtual servers are recognised on this host's addresses."""
+    from ipvsproxy.netlink import NetlinkKernel
+    from ipvsproxy.sync.render import describe
+
+    try:
+        kernel = NetlinkKernel(device=config.dummy_device)
+    except KernelUnavailable as exc:
+        log.debug("no IPVS to clean up: %s", exc)
+        return []
+    with kernel:
+        observed = kernel.observe()
+        own = ownership_for(config, _host_addresses())
+        ops = plan(EMPTY, observed, ownership=own)
+        removed = ["IPVS: " + describe(op, {}, observed, config.dummy_device).command for op in ops]
+        device = kernel.has_device()
+        if device:
+            removed.append(f"IPVS: the dummy device {config.dummy_device}")
+        if not dry_run:
+            report = kernel.apply(ops)
+            for failure in report.failures:
+                log.error("cleanup: %s", failure.error)
+            if device:
+                kernel.remove_device()
+    return removed
+
+
+def _host_addresses() -> tuple[IPAddress, ...]:
+    from ipvsproxy.netlink.links import host_addresses
+
+    try:
+        return host_addresses()
+    except KernelError as exc:
+        log.warning("cannot list this host's addresses (NodePorts are not recognised): %s", exc)
+        return ()
+
+
+def _other(name: str) -> str:
+    return IPTABLES if name == IPVS else IPVS

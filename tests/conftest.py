@@ -1,0 +1,21 @@
+"""Unit tests never touch this host's firewall: the iptables tools may run only inside a
+network namespace (`ip netns exec NS ...`, as integration/netns/ does)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipvsproxy.errors import KernelUnavailable
+from ipvsproxy.iptables.kernel import Commands
+
+
+@pytest.fixture(autouse=True)
+def _no_host_firewall(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Commands.run
+
+    def guarded(self: Commands, args, *, stdin=None):
+        if self.prefix[:3] != ("ip", "netns", "exec"):
+            raise KernelUnavailable("unit tests may not run iptables on the host")
+        return real(self, args, stdin=stdin)
+
+    monkeypatch.setattr(Commands, "run", guarded)
