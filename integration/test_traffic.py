@@ -8,23 +8,20 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
-from ipaddress import ip_address, ip_network
+from ipaddress import ip_address
 
 import pytest
 
 from integration.conftest import clean_ipvs
 from integration.lab import PORT, Lab, connect, request, sctp_available, udp_request
-from ipvsproxy.config import Config
+from integration.services import CONFIG, NODE_IP, program, svc
 from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.desired import from_objects
 from ipvsproxy.sync.engine import sync
-from tests.factories import ep, node, port, service, slice_
-
-NODE_IP = "10.250.1.1"
-CONFIG = Config(node_name="node-a", service_cidrs=(ip_network("10.96.0.0/16"),))
+from tests.factories import ep, node, slice_
 
 
 @pytest.fixture(scope="module")
@@ -48,36 +45,6 @@ def lab() -> Iterator[Lab]:
 def kernel(lab) -> Iterator[NetlinkKernel]:
     with NetlinkKernel() as k:
         yield k
-
-
-def program(kernel: NetlinkKernel, lab: Lab, *services, proto="TCP") -> None:
-    """Services with the lab's backends as endpoints, through translation, plan and apply."""
-    objects = [node(addresses=(NODE_IP,))]
-    for svc in services:
-        name = svc["metadata"]["name"]
-        svc_port = svc["spec"]["ports"][0]
-        objects += [
-            svc,
-            slice_(
-                name,
-                ports=((svc_port["name"], PORT, svc_port.get("protocol", "TCP")),),
-                endpoints=[ep(b.address) for b in lab.backends],
-            ),
-        ]
-    desired, node_view = from_objects(objects, CONFIG)
-    result = sync(kernel, desired, node_view, CONFIG)
-    assert result.report.failures == ()
-    assert sync(kernel, desired, node_view, CONFIG).plan == ()
-
-
-def svc(name, vip, *, scheduler="rr", proto="TCP", **spec):
-    return service(
-        name,
-        cluster_ips=(vip,),
-        ports=[port("p", 80, proto, PORT, spec.pop("node_port", None))],
-        annotations={"ipvsproxy.io/scheduler": scheduler},
-        **spec,
-    )
 
 
 def client(lab: Lab) -> str:

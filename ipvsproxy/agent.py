@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ipvsproxy import api, backends, ipvsadm, manifests
-from ipvsproxy.backends import BACKENDS, IPVS, open_backend, prepare, remove_leftovers
+from ipvsproxy.backends import BACKENDS, IPTABLES, IPVS, open_backend, prepare, remove_leftovers
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError
 from ipvsproxy.model import IpvsState
@@ -63,11 +63,12 @@ class DiffResult:
     lines: tuple[Line, ...]
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
+    repairs: tuple[str, ...] = ()  # damage to ipvsproxy's own rules that `run` rewrites
 
     @property
     def exit_code(self) -> int:
         """0 in sync, 1 changes pending (errors are exceptions: the CLI maps them to 2)."""
-        return 1 if self.lines else 0
+        return 1 if self.lines or self.repairs else 0
 
 
 def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, api.NodeView]:
@@ -107,6 +108,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     """
     desired, node = desired_from(source, config)
     notes: tuple[str, ...] = ()
+    repairs: tuple[str, ...] = ()
     state = desired.state
     manage_addresses = True
     if kernel_state is not None:
@@ -122,8 +124,13 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             observed = kernel.observe()
             drainer = Drainer(timeout=config.drain_timeout)
             state = drainer.hold(state, observed, connections=kernel.connections).state
-            notes = tuple(f"{backend.name}: repair: {d}" for d in kernel.damage())
+            repairs = kernel.damage()
             manage_addresses = backend.name == IPVS
+            if backend.name == IPTABLES:
+                notes = (
+                    "backend iptables: operations are shown in ipvsadm terms; `run` writes "
+                    "them as rules in ipvsproxy's nat chains (IPVSPX-*)",
+                )
     ops = plan(
         state,
         observed,
@@ -131,7 +138,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
         manage_addresses=kernel_state is None and manage_addresses,
     )
     lines = tuple(describe(op, desired.origins, observed, config.dummy_device) for op in ops)
-    return DiffResult(lines, desired.warnings, notes)
+    return DiffResult(lines, desired.warnings, notes, repairs)
 
 
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:

@@ -239,9 +239,12 @@ def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     if output == "json":
-        click.echo(to_json(result.lines, warnings=result.warnings, notes=result.notes), nl=False)
+        doc = to_json(
+            result.lines, warnings=result.warnings, notes=result.notes, repairs=result.repairs
+        )
+        click.echo(doc, nl=False)
     else:
-        click.echo(render_text(result.lines, notes=result.notes), nl=False)
+        click.echo(render_text(result.lines, notes=result.notes, repairs=result.repairs), nl=False)
     sys.exit(result.exit_code)
 
 

@@ -97,7 +97,9 @@ _KINDS = (
 )
 
 
-def render_text(lines: Sequence[Line], *, notes: Sequence[str] = ()) -> str:
+def render_text(
+    lines: Sequence[Line], *, notes: Sequence[str] = (), repairs: Sequence[str] = ()
+) -> str:
     """Readable plan: one line per change, then a summary line."""
     width = max((len(line.command) for line in lines), default=0)
     out = []
@@ -108,8 +110,11 @@ def render_text(lines: Sequence[Line], *, notes: Sequence[str] = ()) -> str:
         if line.before:
             text += f" ({line.before})"
         out.append(text.rstrip())
+    out += [f"! repair: {repair}" for repair in repairs]
     out += [f"note: {note}" for note in notes]
     out.append(summary_line(lines))
+    if repairs:
+        out.append(f"Repairs: {len(repairs)} (ipvsproxy's own rules were changed behind its back).")
     return "\n".join(out) + "\n"
 
 
@@ -123,9 +128,16 @@ def summary_line(lines: Sequence[Line]) -> str:
     )
 
 
-def to_json(lines: Sequence[Line], *, warnings: Sequence[str], notes: Sequence[str] = ()) -> str:
+def to_json(
+    lines: Sequence[Line],
+    *,
+    warnings: Sequence[str],
+    notes: Sequence[str] = (),
+    repairs: Sequence[str] = (),
+) -> str:
     doc: dict[str, Any] = {
-        "in_sync": not lines,
+        "in_sync": not lines and not repairs,
+        "repairs": list(repairs),
         "summary": summarize(lines),
         "operations": [
             {

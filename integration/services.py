@@ -1,0 +1,50 @@
+"""Services for real-traffic tests, programmed through ipvsproxy's own sync path (translation,
+plan, apply) into any backend: the lab's backends are the endpoints."""
+
+from __future__ import annotations
+
+from ipaddress import ip_network
+from typing import Any
+
+from integration.lab import PORT, Lab
+from ipvsproxy.config import Config
+from ipvsproxy.kernel import Kernel
+from ipvsproxy.sync.desired import from_objects
+from ipvsproxy.sync.engine import sync
+from tests.factories import ep, node, port, service, slice_
+
+NODE_IP = "10.250.1.1"
+CONFIG = Config(node_name="node-a", service_cidrs=(ip_network("10.96.0.0/16"),))
+
+
+def program(kernel: Kernel, lab: Lab, *services: dict[str, Any]) -> None:
+    """Services with the lab's backends as endpoints, through translation, plan and apply."""
+    objects = [node(addresses=(NODE_IP,))]
+    for svc in services:
+        name = svc["metadata"]["name"]
+        svc_port = svc["spec"]["ports"][0]
+        objects += [
+            svc,
+            slice_(
+                name,
+                ports=((svc_port["name"], PORT, svc_port.get("protocol", "TCP")),),
+                endpoints=[ep(b.address) for b in lab.backends],
+            ),
+        ]
+    desired, node_view = from_objects(objects, CONFIG)
+    result = sync(kernel, desired, node_view, CONFIG)
+    assert result.report.failures == ()
+    assert sync(kernel, desired, node_view, CONFIG).plan == ()
+
+
+def svc(
+    name: str, vip: str, *, scheduler: str = "rr", proto: str = "TCP", **spec: Any
+) -> dict[str, Any]:
+    made: dict[str, Any] = service(
+        name,
+        cluster_ips=(vip,),
+        ports=[port("p", 80, proto, PORT, spec.pop("node_port", None))],
+        annotations={"ipvsproxy.io/scheduler": scheduler},
+        **spec,
+    )
+    return made
