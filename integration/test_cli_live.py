@@ -70,3 +70,49 @@ def test_run_once_reports_failed_operations(clean, tmp_path):
         assert "ip_vs_twos not available" in result.stderr
     else:
         assert result.exit_code == 0
+
+
+def _nat() -> str:
+    return subprocess.run(
+        ["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _ipvs() -> str:
+    return subprocess.run(["ipvsadm-save", "-n"], capture_output=True, text=True, check=True).stdout
+
+
+def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes_all(clean):
+    """IPVS -> iptables -> IPVS on one node, then cleanup: only ipvsproxy's objects go."""
+    foreign_rule = "-A POSTROUTING -s 192.0.2.0/24 -j MASQUERADE"
+    subprocess.run(["iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.0/24",
+                    "-j", "MASQUERADE"], check=True)  # fmt: skip
+    subprocess.run(["ipvsadm", "-A", "-t", "192.168.99.1:443", "-s", "wlc"], check=True)
+    # the example's node-a address, local here as on a real node: its NodePorts are ours
+    subprocess.run(["ip", "addr", "add", "172.31.0.10/32", "dev", "lo"], check=True)
+    try:
+        assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0
+        assert "-A -t 10.96.0.10:80" in _ipvs()
+
+        ran = invoke("run", "--once", "--manifests", EXAMPLES, *NODE, "--backend", "iptables")
+        assert ran.exit_code == 0, ran.output
+        assert "10.96.0.10" not in _ipvs()  # the IPVS leftovers went ...
+        assert "192.168.99.1:443" in _ipvs()  # ... and nothing else
+        assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
+        assert "-d 10.96.0.10/32" in _nat()
+
+        assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0  # auto: IPVS
+        assert "IPVSPX" not in _nat()
+        assert foreign_rule in _nat()
+        assert "-A -t 10.96.0.10:80" in _ipvs()
+
+        done = invoke("cleanup", *NODE)
+        assert done.exit_code == 0, done.output
+        assert "removed: IPVS: ipvsadm -D -t 10.96.0.10:80" in done.stdout
+        assert _ipvs().strip().splitlines() == ["-A -t 192.168.99.1:443 -s wlc"]
+        assert foreign_rule in _nat()
+        assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
+    finally:
+        subprocess.run(["ip", "addr", "del", "172.31.0.10/32", "dev", "lo"], check=False)
+        subprocess.run(["iptables", "-t", "nat", "-D", "POSTROUTING", "-s", "192.0.2.0/24",
+                        "-j", "MASQUERADE"], check=False)  # fmt: skip
