@@ -23,25 +23,18 @@ import os
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from ipaddress import IPv4Address
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import fresh_netns, median, table, timed  # noqa: E402
 from integration.lab import inside  # noqa: E402
 from ipvsproxy.ipvsadm import parse_save, render_save  # noqa: E402
 from ipvsproxy.model import (  # noqa: E402
     EMPTY,
     IpvsState,
-    Proto,
     RealServer,
-    RSKey,
-    VirtualServer,
-    VSKey,
 )
 from ipvsproxy.netlink import NetlinkKernel  # noqa: E402
 from ipvsproxy.schedulers import Scheduler  # noqa: E402
@@ -49,35 +42,6 @@ from ipvsproxy.sync.ownership import Ownership  # noqa: E402
 from ipvsproxy.sync.plan import plan  # noqa: E402
 
 OWN = Ownership()
-_counter = 0
-
-
-def table(services: int, dests: int, scheduler: Scheduler = Scheduler.RR) -> IpvsState:
-    vss = {}
-    rss = {}
-    for s in range(services):
-        key = VSKey(IPv4Address(0x0A600000 + s), 80, Proto.TCP)  # 10.96.x.y
-        vss[key] = VirtualServer(key, scheduler)
-        rss[key] = {
-            rs.key: rs
-            for d in range(dests)
-            for rs in [RealServer(RSKey(IPv4Address(0x0AF40000 + d * 4096 + s), 8080))]
-        }
-    return IpvsState(vss, rss)
-
-
-@contextmanager
-def fresh_netns() -> Iterator[str]:
-    global _counter
-    _counter += 1
-    name = f"bench{_counter}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    # IPVS rejects destinations whose address type it cannot resolve: lo must be up.
-    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=True)
 
 
 def saved(ns: str) -> IpvsState:
@@ -88,12 +52,6 @@ def saved(ns: str) -> IpvsState:
         check=True,
     ).stdout
     return parse_save(out)
-
-
-def timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def check(ns: str, want: IpvsState) -> None:
@@ -218,10 +176,6 @@ def reweighted(state: IpvsState, k: int) -> IpvsState:
         rs_key = next(iter(dests[key]))
         dests[key][rs_key] = RealServer(rs_key, weight=0)
     return IpvsState(state.services, dests)
-
-
-def median(fn: Callable[[], float], repeat: int) -> float:
-    return statistics.median(fn() for _ in range(repeat))
 
 
 def main() -> None:

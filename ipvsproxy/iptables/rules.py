@@ -48,7 +48,6 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
-    host_port,
     rs_order,
     vs_order,
 )
@@ -82,18 +81,27 @@ def sanitise(name: str) -> str:
 
 
 def _hash(text: str) -> str:
-    digest = hashlib.sha256(text.encode()).digest()
-    return base64.b32encode(digest).decode()[:16]
+    """16 base32 characters of SHA-256 (80 bits; only 10 bytes are encoded: b32encode is
+    pure Python, and a render hashes every destination)."""
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()[:10]).decode()
+
+
+def _ident(key: VSKey) -> str:
+    return f"{key.proto.name}/{key.address}/{key.port}"
 
 
 def svc_chain(key: VSKey) -> str:
-    return SVC_PREFIX + _hash(str(key))
+    return SVC_PREFIX + _hash(_ident(key))
 
 
 def sep_chain(key: VSKey, rs: RSKey) -> str:
     """The SEP chain starts with 8 characters of its SVC chain's hash: an observation groups
     destinations by it (the weight-0 ones are referenced by no rule)."""
-    return SEP_PREFIX + _hash(str(key))[:8] + _hash(f"{key}|{rs}")[:8]
+    return _sep_chain(_hash(_ident(key)), _ident(key), rs)
+
+
+def _sep_chain(svc_hash: str, ident: str, rs: RSKey) -> str:
+    return SEP_PREFIX + svc_hash[:8] + _hash(f"{ident}|{rs.address}/{rs.port}")[:8]
 
 
 def service_comment(name: str, vs: VirtualServer) -> str:
@@ -126,17 +134,19 @@ def render(state: IpvsState, names: Mapping[VSKey, str], *, version: int) -> Rul
     for key in keys:
         vs = state.services[key]
         name = sanitise(names.get(key) or str(key))
-        chain = svc_chain(key)
+        ident = _ident(key)
+        svc_hash = _hash(ident)
+        chain = SVC_PREFIX + svc_hash
         dispatch.append(
             f"-A {SERVICES} -d {_net(key.address)} -p {_proto(key.proto)} "
             f'-m comment --comment "{service_comment(name, vs)}" '
             f"-m {_proto(key.proto)} --dport {key.port} -j {chain}"
         )
         dests = sorted(state.dests.get(key, {}).values(), key=lambda rs: rs_order(rs.key))
-        chains[chain] = _svc_rules(vs, chain, dests)
+        seps = [_sep_chain(svc_hash, ident, rs.key) for rs in dests]
+        chains[chain] = _svc_rules(vs, chain, dests, seps)
         masquerade = key.address not in state.bound  # a NodePort: the reply must come back
-        for rs in dests:
-            sep = sep_chain(key, rs.key)
+        for rs, sep in zip(dests, seps, strict=True):
             chains[sep] = _sep_rules(vs, sep, rs, name, masquerade=masquerade)
     for address in sorted(a for a in state.bound if a.version == version):
         dispatch.append(
@@ -146,9 +156,11 @@ def render(state: IpvsState, names: Mapping[VSKey, str], *, version: int) -> Rul
     return Ruleset(chains)
 
 
-def _svc_rules(vs: VirtualServer, chain: str, dests: list[RealServer]) -> tuple[str, ...]:
+def _svc_rules(
+    vs: VirtualServer, chain: str, dests: list[RealServer], all_seps: list[str]
+) -> tuple[str, ...]:
     active = [rs for rs in dests if rs.weight > 0]
-    seps = [sep_chain(vs.key, rs.key) for rs in active]
+    seps = [sep for rs, sep in zip(dests, all_seps, strict=True) if rs.weight > 0]
     rules: list[str] = []
     if vs.flags & ServiceFlags.PERSISTENT:
         mask = _full_mask(vs.key.address)
@@ -190,7 +202,7 @@ def _sep_rules(
         rules.append(f"-A {chain} -m recent --set --name {chain} --mask {mask} --rsource")
     rules.append(
         f'-A {chain} -p {proto} -m comment --comment "{dest_comment(name, rs)}" '
-        f"-j DNAT --to-destination {host_port(rs.key.address, rs.key.port)}"
+        f"-j DNAT --to-destination {_host_port(rs.key)}"
     )
     return tuple(rules)
 
@@ -212,8 +224,13 @@ def _probability(p: float) -> str:
     return f"{raw / 0x80000000:.11f}"
 
 
+def _host_port(key: RSKey) -> str:
+    address = str(key.address)  # str(), not an f-string: ipaddress's __format__ is slow
+    return f"{address}:{key.port}" if key.address.version == 4 else f"[{address}]:{key.port}"
+
+
 def _net(address: IPAddress) -> str:
-    return f"{address}/{32 if address.version == 4 else 128}"
+    return str(address) + ("/32" if address.version == 4 else "/128")
 
 
 def _full_mask(address: IPAddress) -> str:
