@@ -177,3 +177,32 @@ def test_plan_on_the_example_converges_and_names_the_services(netns):
     text = save(netns)
     for origin in set(desired.origins.values()):
         assert origin in text
+
+
+def test_hostile_service_objects_through_the_whole_path(netns):
+    """Names, namespaces, port names and annotations from the API, as hostile as they come."""
+    from ipvsproxy.sync.desired import from_objects
+    from tests.factories import ep, node, port, service, slice_
+
+    name = 'x" -j DROP; $(reboot)\n-A INPUT -j ACCEPT'
+    svc = service(
+        name,
+        ns='ns"\n*filter',
+        cluster_ips=("10.96.9.9",),
+        ports=[port('p"\n', 80, "TCP", 8080)],
+        annotations={"ipvsproxy.io/scheduler": 'sh"\nCOMMIT', "other": '"; rm -rf /'},
+    )
+    slice_obj = slice_(name, ns='ns"\n*filter', ports=(('p"\n', 8080, "TCP"),),
+                       endpoints=[ep("10.244.9.9")])  # fmt: skip
+    desired, node_view = from_objects([node(), svc, slice_obj], CONFIG)
+    kernel = make_kernel(netns)
+    result = sync(kernel, desired, node_view, CONFIG)
+    assert result.report.failures == ()
+    assert len(result.plan) >= 3
+    text = save(netns)
+    rules = [line for line in text.splitlines() if line.startswith("-A ")]
+    assert all(line.count('"') in (0, 2) for line in rules)
+    outside_comments = [re.sub(r'"[^"]*"', "", line) for line in rules]
+    assert not any(w in line for line in outside_comments for w in ("INPUT", "DROP", "ACCEPT"))
+    assert "*filter" not in text
+    assert sync(make_kernel(netns), desired, node_view, CONFIG).plan == ()
