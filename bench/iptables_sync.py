@@ -131,9 +131,9 @@ def main() -> None:
         ("sync", "no changes (observe+plan)", seen["no-op sync"], dump),
         ("sync", f"{args.changes} changed weights", seen["k changes"], floor),
     ]
+    version = subprocess.run(["iptables", "--version"], capture_output=True, text=True).stdout
     print(
-        f"\nipvsproxy iptables benchmark, {size} ({rules} rules), "
-        f"{subprocess.run(['iptables', '--version'], capture_output=True, text=True).stdout.strip()}, "
+        f"\nipvsproxy iptables benchmark, {size} ({rules} rules), {version.strip()}, "
         f"median of {args.repeat}"
     )
     print(f"{'what':<11} {'approach':<40} {'seconds':>9}  ratio to floor")
