@@ -321,3 +321,8 @@ def _describe(source: Source) -> str:
 def cleanup(config: Config, *, dry_run: bool) -> list[str]:
     """Remove (or, with dry_run, list) everything ipvsproxy owns in both backends."""
     return backends.cleanup(config, dry_run=dry_run)
+
+
+def prepare_host(config: Config) -> list[str]:
+    """Load the IPVS modules, set the kernel settings; what was done."""
+    return backends.prepare_host(config)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,6 +99,33 @@ def prepare(backend: Backend, config: Config) -> None:
         backend.kernel.set_timeouts(
             tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
         )
+
+
+def prepare_host(config: Config) -> list[str]:
+    """Before the agent starts, with privileges the agent itself need not have (the
+    DaemonSet's init container): load the IPVS modules if there are any, and set every
+    kernel setting either backend needs. What was done, in words."""
+    from ipvsproxy.netlink import sysctl
+
+    done = []
+    for module in ("ip_vs", config.scheduler.module, "dummy"):
+        try:
+            loaded = subprocess.run(["modprobe", module], capture_output=True, text=True)
+        except OSError as exc:
+            log.warning("cannot run modprobe: %s", exc)
+            break
+        if loaded.returncode:
+            log.warning("modprobe %s: %s", module, loaded.stderr.strip() or "failed")
+        else:
+            done.append(f"module {module} loaded")
+    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
+    if not os.path.isdir("/proc/sys/net/ipv4/vs"):  # no IPVS: the iptables fallback
+        settings = tuple(s for s in settings if ".vs." not in s.name)
+    changed = sysctl.ensure(settings)
+    done += [f"set {s.name}={s.value}: {s.why}" for s in changed]
+    unchanged = [s for s in settings if s not in changed]
+    done += [f"{s.name}={s.value} already" for s in unchanged]
+    return done
 
 
 def remove_leftovers(backend: Backend, config: Config) -> list[str]:

@@ -169,7 +169,7 @@ def errors_to_exit(func: F) -> F:
             sys.exit(EXIT_NO_FALLBACK)
         except KernelUnavailable as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
-            sys.exit(EXIT_STARTUP_FAILURE if func.__name__ == "run" else EXIT_ERROR)
+            sys.exit(EXIT_STARTUP_FAILURE if func.__name__ in ("run", "prepare") else EXIT_ERROR)
         except IpvsproxyError as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_ERROR)
@@ -347,3 +347,26 @@ def cleanup(dry_run: bool, **opts: Any) -> None:
     for item in removed:
         click.echo(f"{verb}: {item}")
     click.echo(f"{verb} {len(removed)} objects" if removed else "nothing of ipvsproxy's found")
+
+
+@main.command()
+@click.option(
+    "--scheduler",
+    default="rr",
+    show_default=True,
+    help="The node-wide default scheduler, whose module is loaded.",
+)
+@click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
+@errors_to_exit
+def prepare(scheduler: str, strict_arp: bool) -> None:
+    """Load the IPVS modules and set the kernel settings ipvsproxy needs, then exit.
+
+    For a privileged init container, so that the agent itself runs with three capabilities
+    and a read-only /proc/sys. `run` checks the same settings at start. Exit 0, or 3 when a
+    setting cannot be written.
+    """
+    config = Config(
+        scheduler=parse_scheduler(scheduler, option="--scheduler"), strict_arp=strict_arp
+    )
+    for line in agent.prepare_host(config):
+        click.echo(line)
