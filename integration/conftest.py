@@ -37,10 +37,29 @@ def _netns_missing() -> str:
     return ""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cluster",
+        action="store_true",
+        help="integration/test_node.py checks remote nodes (--hosts, --ssh-config: the "
+        "Vagrant cluster), not a local agent",
+    )
+
+
 @pytest.fixture(autouse=True)
 def _prerequisites(request: pytest.FixtureRequest) -> None:
-    """IPVS tests need the VM's kernel; `netns` tests need root, namespaces and iptables."""
-    netns = request.node.get_closest_marker("netns") is not None
+    """IPVS tests need the VM's kernel; `netns` tests need root, namespaces and iptables;
+    node checks against a cluster need nothing local."""
+    if request.config.getoption("--cluster"):
+        if request.node.get_closest_marker("node") is None:
+            pytest.skip("--cluster runs only the node checks (integration/test_node.py)")
+        return
+    require(netns=request.node.get_closest_marker("netns") is not None)
+
+
+def require(*, netns: bool = False) -> None:
+    """Skip (fail under CI=true) unless this machine can run the test; also for fixtures of
+    a wider scope, which pytest sets up before the autouse check above."""
     reason = _netns_missing() if netns else _missing()
     if reason and os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but a prerequisite is missing: {reason}", pytrace=False)

@@ -14,6 +14,16 @@ from ipvsproxy.sync.engine import sync
 from tests.factories import ep, node, port, service, slice_
 
 NODE_IP = "10.250.1.1"
+# The bundled example's pods (node-a's and node-b's), with the ports their EndpointSlices name.
+EXAMPLE_PODS = {
+    "10.244.1.2": (8000, 5353),
+    "10.244.1.3": (8000,),
+    "10.244.1.4": (8000, 8443),
+    "10.244.2.5": (5353,),
+    "10.244.2.6": (8000,),
+    "10.244.2.7": (8443,),
+}
+EXAMPLE_NODE_ADDRESS = "172.31.0.10"  # node-a's InternalIP in the example
 CONFIG = Config(node_name="node-a", service_cidrs=(ip_network("10.96.0.0/16"),))
 
 

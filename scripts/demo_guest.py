@@ -28,19 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from integration.lab import Lab, request, udp_request  # noqa: E402
+from integration.services import EXAMPLE_NODE_ADDRESS as NODE_ADDRESS  # noqa: E402
+from integration.services import EXAMPLE_PODS as PODS  # noqa: E402
 
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
-# The example's pods (node-a's and node-b's), with the ports their EndpointSlices name.
-PODS = {
-    "10.244.1.2": (8000, 5353),
-    "10.244.1.3": (8000,),
-    "10.244.1.4": (8000, 8443),
-    "10.244.2.5": (5353,),
-    "10.244.2.6": (8000,),
-    "10.244.2.7": (8443,),
-}
-NODE_ADDRESS = "172.31.0.10"  # node-a's InternalIP in the example
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
