@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ipvsproxy import api, backends, ipvsadm, manifests
-from ipvsproxy.backends import BACKENDS, IPTABLES, IPVS, open_backend, prepare, remove_leftovers
+from ipvsproxy.backends import BACKENDS, IPTABLES, open_backend, prepare, remove_leftovers
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError
 from ipvsproxy.model import IpvsState
@@ -110,7 +110,6 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     notes: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
     state = desired.state
-    manage_addresses = True
     if kernel_state is not None:
         observed = read_kernel_state(kernel_state)
         notes = (
@@ -125,17 +124,17 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             drainer = Drainer(timeout=config.drain_timeout)
             state = drainer.hold(state, observed, connections=kernel.connections).state
             repairs = kernel.damage()
-            manage_addresses = backend.name == IPVS
             if backend.name == IPTABLES:
                 notes = (
                     "backend iptables: operations are shown in ipvsadm terms; `run` writes "
-                    "them as rules in ipvsproxy's nat chains (IPVSPX-*)",
+                    "them as rules in ipvsproxy's nat chains (IPVSPX-*), and VIP addresses "
+                    "as records in IPVSPX-SERVICES instead of on a dummy device",
                 )
     ops = plan(
         state,
         observed,
         ownership=ownership_for(config, node.addresses),
-        manage_addresses=kernel_state is None and manage_addresses,
+        manage_addresses=kernel_state is None,
     )
     lines = tuple(describe(op, desired.origins, observed, config.dummy_device) for op in ops)
     return DiffResult(lines, desired.warnings, notes, repairs)
