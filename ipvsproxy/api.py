@@ -14,10 +14,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import ip_address
+from ipaddress import ip_address, ip_network
 from typing import Any
 
-from ipvsproxy.model import IPAddress, Proto
+from ipvsproxy.model import IPAddress, IPNetwork, Proto
 
 RawObject = Mapping[str, Any]
 
@@ -59,6 +59,7 @@ class ServiceView:
     external_local: bool = False  # externalTrafficPolicy: Local
     internal_local: bool = False  # internalTrafficPolicy: Local
     affinity_timeout: int = 0  # sessionAffinity ClientIP timeout; 0 = no affinity
+    source_ranges: tuple[IPNetwork, ...] = ()  # spec.loadBalancerSourceRanges
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
 
@@ -102,6 +103,7 @@ class NodeView:
     name: str
     addresses: tuple[IPAddress, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    pod_cidrs: tuple[IPNetwork, ...] = ()  # spec.podCIDRs (--detect-local-mode NodeCIDR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +170,20 @@ def parse_service(obj: RawObject) -> ServiceView:
         external_local=_policy(spec, "externalTrafficPolicy", ("Cluster", "Global")),
         internal_local=_policy(spec, "internalTrafficPolicy", ("Cluster",)),
         affinity_timeout=_affinity(spec),
+        source_ranges=_source_ranges(spec) if stype is ServiceType.LOAD_BALANCER else (),
         labels=labels,
         annotations=annotations,
     )
+
+
+def _source_ranges(spec: RawObject) -> tuple[IPNetwork, ...]:
+    ranges = []
+    for i, text in enumerate(_list(spec, "loadBalancerSourceRanges")):
+        try:
+            ranges.append(ip_network(str(text).strip(), strict=False))
+        except ValueError:
+            raise Malformed(f"spec.loadBalancerSourceRanges[{i}] {text!r} is not a CIDR") from None
+    return tuple(ranges)
 
 
 def _cluster_ips(spec: RawObject) -> tuple[str, ...]:
@@ -319,7 +332,15 @@ def parse_node(obj: RawObject) -> NodeView:
             ip = _ip(item.get("address"), f"status.addresses[{i}].address")
             if ip not in addresses:
                 addresses.append(ip)
-    return NodeView(name, tuple(addresses), labels)
+    spec = obj.get("spec") or {}
+    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    pod_cidrs = []
+    for text in cidrs if isinstance(cidrs, list) else []:
+        try:
+            pod_cidrs.append(ip_network(str(text), strict=False))
+        except ValueError:
+            raise Malformed(f"spec.podCIDRs: {text!r} is not a CIDR") from None
+    return NodeView(name, tuple(addresses), labels, tuple(pod_cidrs))
 
 
 # ---- field helpers ----------------------------------------------------------------------

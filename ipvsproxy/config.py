@@ -12,13 +12,11 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass, field
-from ipaddress import IPv4Network, IPv6Network, ip_network
+from ipaddress import ip_network
 
 from ipvsproxy.errors import ConfigError
-from ipvsproxy.model import IPAddress
+from ipvsproxy.model import IPAddress, IPNetwork
 from ipvsproxy.schedulers import Scheduler
-
-IPNetwork = IPv4Network | IPv6Network
 
 DEFAULT_NODEPORT_RANGE = (30000, 32767)
 

@@ -14,12 +14,13 @@ import enum
 import socket
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.schedulers import SchedFlag, Scheduler
 
 IPAddress = IPv4Address | IPv6Address
+IPNetwork = IPv4Network | IPv6Network
 
 
 class Proto(enum.IntEnum):

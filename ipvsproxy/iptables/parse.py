@@ -61,23 +61,24 @@ _DNAT = re.compile(rf"-m comment {_COMMENT} -j DNAT --to-destination (?P<to>\S+)
 _WEIGHT = re.compile(r"\S+ weight=(?P<weight>\d+)$")
 
 
-def parse_save(text: str) -> Saved:
-    """ipvsproxy's chains (rules in order) and the jumps into them, from `iptables-save`."""
+def parse_save(text: str, *, table: str = "nat", prefix: str = PREFIX) -> Saved:
+    """The chains named `prefix`* (rules in order) and the jumps into them, in one table of
+    `iptables-save` output."""
     chains: dict[str, list[str]] = {}
     jumps: list[tuple[str, str]] = []
-    table = ""
+    current = ""
     for line in text.splitlines():
         if line.startswith("*"):
-            table = line[1:].strip()
-        elif table != "nat":
+            current = line[1:].strip()
+        elif current != table:
             continue
-        elif line.startswith(":" + PREFIX):
+        elif line.startswith(":" + prefix):
             chains.setdefault(line[1:].split(" ", 1)[0], [])
         elif line.startswith("-A "):
             chain, _, spec = line[3:].partition(" ")
-            if chain.startswith(PREFIX):
+            if chain.startswith(prefix):
                 chains.setdefault(chain, []).append(line)
-            elif f"-j {PREFIX}" in spec or f"-g {PREFIX}" in spec:
+            elif f"-j {prefix}" in spec or f"-g {prefix}" in spec:
                 jumps.append((chain, spec))
     return Saved({k: tuple(v) for k, v in chains.items()}, tuple(jumps))
 

@@ -16,7 +16,9 @@ from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.iptables.rules import JUMPS, Ruleset
 
 
-def damage(saved: Saved, target: Ruleset) -> tuple[str, ...]:
+def damage(
+    saved: Saved, target: Ruleset, *, jumps: tuple[tuple[str, str], ...] = JUMPS
+) -> tuple[str, ...]:
     """How the saved chains and jumps differ from `target`, in words ("" = none)."""
     found: list[str] = []
     for chain in sorted(set(saved.chains) | set(target.chains)):
@@ -33,40 +35,46 @@ def damage(saved: Saved, target: Ruleset) -> tuple[str, ...]:
                 + (", order" if not (extra or missing) else "")
                 + ")"
             )
-    for chain, spec in JUMPS:
+    for chain, spec in jumps:
         count = saved.jumps.count((chain, spec))
         if count != 1:
             found.append(f"{count} jumps from {chain} where 1 belongs")
     return tuple(found)
 
 
-def transaction(saved: Saved, target: Ruleset) -> str:
+def transaction(
+    saved: Saved,
+    target: Ruleset,
+    *,
+    table: str = "nat",
+    jumps: tuple[tuple[str, str], ...] = JUMPS,
+) -> str:
     """The restore input turning `saved` into `target` ("" when they are equal)."""
     changed = [c for c, rules in target.chains.items() if saved.chains.get(c) != rules]
     stale = sorted(c for c in saved.chains if c not in target.chains)
-    jumps: list[str] = []
-    for chain, spec in JUMPS:
+    fixes: list[str] = []
+    for chain, spec in jumps:
         count = saved.jumps.count((chain, spec))
         if count == 0:
-            jumps.append(f"-I {chain} 1 {spec}")
-        jumps += [f"-D {chain} {spec}"] * max(0, count - 1)
-    if not (changed or stale or jumps):
+            fixes.append(f"-I {chain} 1 {spec}")
+        fixes += [f"-D {chain} {spec}"] * max(0, count - 1)
+    if not (changed or stale or fixes):
         return ""
-    lines = ["*nat"]
+    lines = [f"*{table}"]
     lines += [f":{chain} - [0:0]" for chain in (*changed, *stale)]
     for chain in changed:
         lines += target.chains[chain]
-    lines += jumps
+    lines += fixes
     lines += [f"-X {chain}" for chain in stale]
     lines += ["COMMIT", ""]
     return "\n".join(lines)
 
 
-def removal(saved: Saved) -> str:
+def removal(saved: Saved, *, table: str = "nat") -> str:
     """The restore input removing every chain of ipvsproxy and every jump into them."""
     if not (saved.chains or saved.jumps):
         return ""
-    lines = ["*nat"]
+    lines = [f"*{table}"]
     lines += [f"-D {chain} {spec}" for chain, spec in saved.jumps]
     lines += [f":{chain} - [0:0]" for chain in sorted(saved.chains)]
     lines += [f"-X {chain}" for chain in sorted(saved.chains)]

@@ -11,6 +11,7 @@ Imports: api, model, schedulers, config.
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from ipvsproxy.api import (
 from ipvsproxy.config import Config
 from ipvsproxy.model import (
     IPAddress,
+    IPNetwork,
     IpvsState,
     RealServer,
     RSKey,
@@ -38,6 +40,24 @@ from ipvsproxy.model import (
 from ipvsproxy.schedulers import Choice, resolve
 
 
+class Reach(enum.StrEnum):
+    """How traffic reaches a virtual server (what the companion iptables rules need)."""
+
+    CLUSTER_IP = "cluster-ip"
+    EXTERNAL_IP = "external-ip"
+    LOAD_BALANCER = "load-balancer"
+    NODE_PORT = "node-port"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A virtual server's kind of address, traffic policy and source ranges."""
+
+    reach: Reach
+    local: bool = False  # externalTrafficPolicy: Local (keep the client's address)
+    source_ranges: tuple[IPNetwork, ...] = ()  # loadBalancerSourceRanges
+
+
 @dataclass(frozen=True, slots=True)
 class Desired:
     """The desired state, which Service port caused each virtual server, and warnings."""
@@ -45,6 +65,7 @@ class Desired:
     state: IpvsState
     origins: Mapping[VSKey, str] = field(default_factory=dict)  # "ns/name:port"
     warnings: tuple[str, ...] = ()
+    access: Mapping[VSKey, Access] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +74,7 @@ class _Frontend:
     port: int
     external: bool  # subject to externalTrafficPolicy (else internalTrafficPolicy)
     bind: bool  # the address goes on the dummy device
+    reach: Reach = Reach.CLUSTER_IP
 
 
 # (endpoint, port number) pairs for one Service port
@@ -71,7 +93,8 @@ def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desi
         )
         node = NodeView(config.node_name)
     desired = desired_state(parsed.services, parsed.slices, node, config)
-    return Desired(desired.state, desired.origins, (*warnings, *desired.warnings)), node
+    all_warnings = (*warnings, *desired.warnings)
+    return Desired(desired.state, desired.origins, all_warnings, desired.access), node
 
 
 def desired_state(
@@ -98,7 +121,13 @@ def desired_state(
             for front in _frontends(svc, port, node, config):
                 vs = _virtual_server(front, port, svc, choice)
                 rss = _real_servers(backends, front, svc, node.name)
-                out.add(vs, rss, bind=front.bind, origin=f"{svc.ref}:{port.name or port.port}")
+                access = Access(
+                    front.reach,
+                    local=front.external and svc.external_local,
+                    source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
+                )
+                origin = f"{svc.ref}:{port.name or port.port}"
+                out.add(vs, rss, bind=front.bind, origin=origin, access=access)
     return out.build()
 
 
@@ -107,12 +136,16 @@ def _frontends(
 ) -> Iterable[_Frontend]:
     for ip in svc.cluster_ips:
         yield _Frontend(ip, port.port, external=False, bind=True)
-    for ip in (*svc.external_ips, *svc.lb_ingress_ips):
-        yield _Frontend(ip, port.port, external=True, bind=True)
+    for ip in svc.external_ips:
+        yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.EXTERNAL_IP)
+    for ip in svc.lb_ingress_ips:
+        yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.LOAD_BALANCER)
     if port.node_port and svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
         for ip in node.addresses:
             if config.selects_nodeport_address(ip):
-                yield _Frontend(ip, port.node_port, external=True, bind=False)
+                yield _Frontend(
+                    ip, port.node_port, external=True, bind=False, reach=Reach.NODE_PORT
+                )
 
 
 def _virtual_server(
@@ -165,9 +198,18 @@ class _Builder:
         self.dests: dict[VSKey, dict[RSKey, RealServer]] = {}
         self.bound: set[IPAddress] = set()
         self.origins: dict[VSKey, str] = {}
+        self.access: dict[VSKey, Access] = {}
         self.warnings: list[str] = []
 
-    def add(self, vs: VirtualServer, rss: list[RealServer], *, bind: bool, origin: str) -> None:
+    def add(
+        self,
+        vs: VirtualServer,
+        rss: list[RealServer],
+        *,
+        bind: bool,
+        origin: str,
+        access: Access = Access(Reach.CLUSTER_IP),
+    ) -> None:
         owner = self.origins.get(vs.key)
         if owner is not None:
             if owner != origin:  # the same Service listing an IP twice is harmless
@@ -176,9 +218,10 @@ class _Builder:
         self.services[vs.key] = vs
         self.dests[vs.key] = {rs.key: rs for rs in rss}
         self.origins[vs.key] = origin
+        self.access[vs.key] = access
         if bind:
             self.bound.add(vs.key.address)
 
     def build(self) -> Desired:
         state = IpvsState(self.services, self.dests, frozenset(self.bound))
-        return Desired(state, self.origins, tuple(self.warnings))
+        return Desired(state, self.origins, tuple(self.warnings), self.access)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ipvsproxy.config import Config, IPNetwork
-from ipvsproxy.model import IPAddress, VSKey
+from ipvsproxy.config import Config
+from ipvsproxy.model import IPAddress, IPNetwork, VSKey
 
 
 @dataclass(frozen=True, slots=True)
