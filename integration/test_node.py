@@ -34,6 +34,7 @@ import yaml
 from integration.conftest import clean_ipvs, require
 from integration.lab import Lab
 from integration.services import EXAMPLE_NODE_ADDRESS, EXAMPLE_PODS
+from ipvsproxy.schedulers import Scheduler
 
 pytestmark = pytest.mark.node
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,8 @@ def vips(services: list[dict[str, Any]]) -> set[str]:
         found.update(spec.get("clusterIPs") or [spec["clusterIP"]])
         found.update(spec.get("externalIPs", []))
         ingress = svc.get("status", {}).get("loadBalancer", {}).get("ingress", [])
-        found.update(i["ip"] for i in ingress if "ip" in i)
+        # ipMode Proxy: the load balancer proxies; the node does not take the address
+        found.update(i["ip"] for i in ingress if "ip" in i and i.get("ipMode") != "Proxy")
     return found
 
 
@@ -73,6 +75,8 @@ def virtual_servers(services: list[dict[str, Any]]) -> set[str]:
         if spec.get("type") == "ExternalName" or spec.get("clusterIP") in (None, "None"):
             continue
         scheduler = svc["metadata"].get("annotations", {}).get(SCHEDULER_ANNOTATION, "rr")
+        if scheduler not in {s.value for s in Scheduler}:
+            scheduler = "rr"  # an unknown name: the node-wide default
         for ip in spec.get("clusterIPs") or [spec["clusterIP"]]:
             host = f"[{ip}]" if ":" in ip else ip
             for port in spec.get("ports", []):
