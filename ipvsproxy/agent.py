@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ipvsproxy import api, backends, ipvsadm, manifests
-from ipvsproxy.backends import BACKENDS, IPTABLES, open_backend, prepare, remove_leftovers
+from ipvsproxy.backends import (
+    BACKENDS,
+    IPTABLES,
+    companion_for,
+    open_backend,
+    prepare,
+    remove_leftovers,
+)
+from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError
 from ipvsproxy.model import IpvsState
@@ -140,7 +148,17 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     return DiffResult(lines, desired.warnings, notes, repairs)
 
 
-def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:
+@dataclass(frozen=True, slots=True)
+class OnceResult:
+    sync: SyncResult
+    companion: CompanionResult = CompanionResult()
+
+    @property
+    def ok(self) -> bool:
+        return self.sync.report.ok and not self.companion.error
+
+
+def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> OnceResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
     desired, node = desired_from_manifests(manifest_paths, config)
     for warning in desired.warnings:
@@ -149,8 +167,18 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> SyncResult:
         prepare(backend, config)
         remove_leftovers(backend, config)
         result = sync(backend.kernel, desired, node, config)
-    log.info("sync done: %d operations, %d failed", len(result.plan), len(result.report.failures))
-    return result
+        companion, extra = companion_for(backend), CompanionResult()
+        if companion is not None:
+            extra = after_sync(companion, result, desired, options_for(config, node))
+            if extra.error:
+                log.error("companion rules: %s", extra.error)
+    log.info(
+        "sync done: %d operations, %d failed, %d companion changes",
+        len(result.plan),
+        len(result.report.failures),
+        extra.changes,
+    )
+    return OnceResult(result, extra)
 
 
 def run(config: Config, *, source: Source, stop: threading.Event | None = None) -> None:
@@ -184,7 +212,12 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         health.detail = backend.detail
         log.info("backend: %s (%s)", backend.name, backend.reason)
         sync_pass = SyncPass(
-            kernel=backend.kernel, config=config, tracker=tracker, metrics=metrics, health=health
+            kernel=backend.kernel,
+            config=config,
+            tracker=tracker,
+            metrics=metrics,
+            health=health,
+            companion=companion_for(backend),
         )
         runner = Runner(
             sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable
 from ipvsproxy.iptables import IptablesKernel
@@ -144,6 +145,34 @@ def cleanup(config: Config, *, dry_run: bool) -> list[str]:
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
 
 
+def companion_for(backend: Backend) -> Companion | None:
+    """The companion rules for the IPVS backend (None on iptables, or without the tools:
+    then IPVS serves only clients on this node, and that is logged as an error)."""
+    if backend.name != IPVS:
+        return None
+    companion = Companion()
+    try:
+        companion.check()
+    except KernelError as exc:
+        log.error(
+            "companion iptables rules unavailable (%s): no masquerading, hairpin, VIP "
+            "filtering or source ranges; Services work only for clients on this node",
+            exc,
+        )
+        return None
+    return companion
+
+
+def _companion_cleanup(*, dry_run: bool) -> list[str]:
+    companion = Companion()
+    try:
+        companion.check()
+        return companion.cleanup(dry_run=dry_run)
+    except KernelError as exc:
+        log.debug("no companion rules to clean up: %s", exc)
+        return []
+
+
 def _ipvs(config: Config) -> NetlinkKernel:
     from ipvsproxy.netlink import NetlinkKernel
 
@@ -172,16 +201,19 @@ def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
     from ipvsproxy.netlink import NetlinkKernel
     from ipvsproxy.sync.render import describe
 
+    removed = _companion_cleanup(dry_run=dry_run)  # rules and sets matching IPVS VIPs first
     try:
         kernel = NetlinkKernel(device=config.dummy_device)
     except KernelUnavailable as exc:
         log.debug("no IPVS to clean up: %s", exc)
-        return []
+        return removed
     with kernel:
         observed = kernel.observe()
         own = ownership_for(config, _host_addresses())
         ops = plan(EMPTY, observed, ownership=own)
-        removed = ["IPVS: " + describe(op, {}, observed, config.dummy_device).command for op in ops]
+        removed += [
+            "IPVS: " + describe(op, {}, observed, config.dummy_device).command for op in ops
+        ]
         device = kernel.has_device()
         if device:
             removed.append(f"IPVS: the dummy device {config.dummy_device}")

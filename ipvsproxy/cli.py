@@ -30,6 +30,7 @@ from ipvsproxy.config import (
     parse_scheduler,
 )
 from ipvsproxy.errors import ConfigError, FallbackRefused, IpvsproxyError, KernelUnavailable
+from ipvsproxy.model import IPNetwork
 from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
 
@@ -129,6 +130,39 @@ def node_options(func: F) -> F:
             help="auto: IPVS when a probe virtual server works, else the iptables fallback.",
         ),
         click.option(
+            "--cluster-cidr",
+            metavar="CIDR,...",
+            default="",
+            help="The pod network: ClusterIP traffic from outside it is masqueraded (IPVS).",
+        ),
+        click.option(
+            "--masquerade-all", is_flag=True, help="Masquerade all ClusterIP traffic (IPVS)."
+        ),
+        click.option(
+            "--masquerade-bit",
+            type=click.IntRange(0, 31),
+            default=14,
+            show_default=True,
+            help="The fwmark bit that marks packets to masquerade.",
+        ),
+        click.option(
+            "--detect-local-mode",
+            type=click.Choice(
+                ["ClusterCIDR", "NodeCIDR", "InterfaceNamePrefix", "BridgeInterface"]
+            ),
+            help="How pod traffic is told apart (default: ClusterCIDR with --cluster-cidr).",
+        ),
+        click.option(
+            "--pod-interface-name-prefix",
+            default="",
+            help="For --detect-local-mode InterfaceNamePrefix (e.g. veth).",
+        ),
+        click.option(
+            "--pod-bridge-interface",
+            default="",
+            help="For --detect-local-mode BridgeInterface (e.g. cni0).",
+        ),
+        click.option(
             "--no-fallback",
             is_flag=True,
             help="With --backend auto: exit (status 4) instead of falling back to iptables.",
@@ -142,6 +176,7 @@ def node_options(func: F) -> F:
 def make_config(opts: dict[str, Any]) -> Config:
     """Build and validate the Config from parsed option values."""
     node_name = opts.get("hostname_override")
+    cluster_cidrs, mode, interface = local_detection(opts)
     return Config(
         **({"node_name": node_name} if node_name else {}),
         scheduler=parse_scheduler(opts["scheduler"], option="--scheduler"),
@@ -154,7 +189,27 @@ def make_config(opts: dict[str, Any]) -> Config:
         dummy_device=opts["dummy_device"],
         backend=opts["backend"],
         fallback=not opts["no_fallback"],
+        cluster_cidrs=cluster_cidrs,
+        masquerade_all=opts["masquerade_all"],
+        masquerade_bit=opts["masquerade_bit"],
+        detect_local_mode=mode,
+        local_interface=interface,
     )
+
+
+def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, str]:
+    """--cluster-cidr, --detect-local-mode and the interface it needs, checked together."""
+    cluster_cidrs = parse_cidrs(opts["cluster_cidr"], option="--cluster-cidr")
+    mode = opts["detect_local_mode"] or ("ClusterCIDR" if cluster_cidrs else "")
+    needs = {
+        "ClusterCIDR": ("--cluster-cidr", ",".join(map(str, cluster_cidrs))),
+        "InterfaceNamePrefix": ("--pod-interface-name-prefix", opts["pod_interface_name_prefix"]),
+        "BridgeInterface": ("--pod-bridge-interface", opts["pod_bridge_interface"]),
+    }
+    if mode in needs and not needs[mode][1]:
+        raise ConfigError(f"--detect-local-mode {mode} needs {needs[mode][0]}")
+    interface = needs[mode][1] if mode in ("InterfaceNamePrefix", "BridgeInterface") else ""
+    return cluster_cidrs, mode, interface
 
 
 def errors_to_exit(func: F) -> F:
@@ -292,14 +347,22 @@ def run(once: bool, **opts: Any) -> None:
     if once:
         if not isinstance(source, agent.Manifests):
             raise ConfigError("--once needs --manifests (the API source is long-running)")
-        result = agent.run_once(config, manifest_paths=source.paths)
+        outcome = agent.run_once(config, manifest_paths=source.paths)
+        result, extra = outcome.sync, outcome.companion
         click.echo(
             f"applied {result.report.applied} of {len(result.plan)} operations"
             + (f", {len(result.report.failures)} failed" if result.report.failures else "")
+            + (
+                f"; {outcome.companion.changes} companion changes"
+                if outcome.companion.changes
+                else ""
+            )
         )
         for failure in result.report.failures:
             click.echo(f"failed: {failure.error}", err=True)
-        sys.exit(EXIT_FAILED_OPS if result.report.failures else 0)
+        if extra.error:
+            click.echo(f"failed: companion rules: {extra.error}", err=True)
+        sys.exit(0 if outcome.ok else EXIT_FAILED_OPS)
     agent.run(config, source=source)
 
 

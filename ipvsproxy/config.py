@@ -33,6 +33,11 @@ class Config:
     nodeport_range: tuple[int, int] = DEFAULT_NODEPORT_RANGE
     dummy_device: str = "kube-ipvs0"
     backend: str = "auto"  # ipvs | iptables | auto (IPVS when usable, else iptables)
+    cluster_cidrs: tuple[IPNetwork, ...] = ()  # pod network(s): traffic from elsewhere is SNATed
+    masquerade_all: bool = False  # SNAT all ClusterIP traffic
+    masquerade_bit: int = 14  # fwmark bit for "masquerade me" (0x4000)
+    detect_local_mode: str = ""  # ClusterCIDR | NodeCIDR | InterfaceNamePrefix | BridgeInterface
+    local_interface: str = ""  # the prefix or bridge of the interface modes
     fallback: bool = True  # auto may fall back to iptables (--no-fallback: it may not)
     strict_arp: bool = False
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value

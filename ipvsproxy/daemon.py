@@ -14,6 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.kernel import Kernel
@@ -39,9 +41,11 @@ class SyncPass:
         tracker: Tracker,
         metrics: Metrics,
         health: Health,
+        companion: Companion | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kernel = kernel
+        self._companion = companion
         self._config = config
         self._tracker = tracker
         self._metrics = metrics
@@ -71,6 +75,12 @@ class SyncPass:
             self._metrics.sync_error()
             self._retry(failed=True)
             return
+        extra = CompanionResult()
+        if self._companion is not None:
+            options = options_for(self._config, node)
+            extra = after_sync(self._companion, result, desired, options)
+            if extra.error:
+                log.error("companion rules: %s", extra.error)
         seconds = self._clock() - started
         report = result.report
         self._metrics.synced(
@@ -81,22 +91,24 @@ class SyncPass:
             draining=result.draining,
             triggers=snapshot.trigger_times,
         )
-        if report.ok:
+        if report.ok and not extra.error:
             self._health.updated()
         for failure in report.failures:
             log.error("operation failed: %s", failure.error)
         log.info(
             "sync: %d operations (%d failed), %d virtual servers, %d real servers, "
-            "%d draining, %.3fs",
+            "%d draining, %d companion changes, %.3fs",
             len(result.plan),
             len(report.failures),
             len(result.state.services),
             sum(len(d) for d in result.state.dests.values()),
             result.draining,
+            extra.changes,
             seconds,
         )
         self.last = result
-        self._retry(failed=not report.ok, draining=result.draining > 0)
+        failed = not report.ok or bool(extra.error)
+        self._retry(failed=failed, draining=result.draining > 0)
 
     def _warn(self, warnings: tuple[str, ...]) -> None:
         """Log each input warning once, when it first appears (not on every sync)."""

@@ -194,13 +194,15 @@ def test_run_once_exit_codes(monkeypatch):
     assert "the kernel has no IPVS" in result.stderr
 
     op = UnbindAddress(ip_address("10.96.0.1"))
-    failed = SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
+    failed = agent.OnceResult(
+        SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
+    )
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: failed)
     result = run("run", "--once", "--manifests", str(EXAMPLE))
     assert result.exit_code == 1
     assert "failed: gone" in result.stderr
 
-    done = SyncResult((op,), ApplyReport(1), EMPTY)
+    done = agent.OnceResult(SyncResult((op,), ApplyReport(1), EMPTY))
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: done)
     result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
     assert result.exit_code == 0

@@ -1,0 +1,203 @@
+"""The companion rules and ipsets on the live host: observe, plan, apply, clean up.
+
+Owns: `Companion` (reads ipvsproxy's sets with `ipset save` and its chains with
+`iptables-save`, writes set changes as one `ipset restore` batch and chain changes as one
+`iptables-restore --noflush` transaction per family and table), `plan_companion()` (pure:
+observed vs wanted -> `CompanionPlan`, with its description for `diff`).
+
+Why the ipset tool and not pyroute2: pyroute2's IPSet sends one netlink request per entry
+(and its API for `ip,port` entries with a protocol is awkward); `ipset restore` sends the
+whole batch from C. Sets are filled before the rules that match them are written; a set
+with many changes is rebuilt as a temporary set and swapped in atomically, so no packet ever
+sees it half-filled. `cleanup` removes the rules before the sets they reference.
+
+Imports: companion.sets, companion.rules, iptables (its parser, transaction and Commands),
+errors, the standard library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
+from ipvsproxy.companion.sets import SET_PREFIX, SetState
+from ipvsproxy.errors import KernelError
+from ipvsproxy.iptables.kernel import TOOLS, Commands
+from ipvsproxy.iptables.parse import Saved, parse_save
+from ipvsproxy.iptables.transaction import removal, transaction
+
+BULK = 64  # more changes than this to one set: build a temporary set and swap it in
+JUMPS = {"nat": NAT_JUMPS, "filter": FILTER_JUMPS}
+TABLES = ("nat", "filter")
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    sets: SetState
+    chains: Mapping[tuple[int, str], Saved]  # (IP version, table) -> ipvsproxy's chains
+
+
+@dataclass(frozen=True, slots=True)
+class SetChange:
+    name: str
+    kind: str
+    version: int
+    create: bool = False
+    add: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    wanted: frozenset[str] = frozenset()  # all entries, for a swap
+
+    @property
+    def swap(self) -> bool:
+        return len(self.add) + len(self.delete) > BULK
+
+
+@dataclass(frozen=True, slots=True)
+class CompanionPlan:
+    sets: tuple[SetChange, ...] = ()
+    restores: tuple[tuple[int, str, str], ...] = ()  # (IP version, table, restore input)
+    stale_sets: tuple[str, ...] = ()  # ipvsproxy's, no longer used: destroyed after rules
+
+    def __bool__(self) -> bool:
+        return bool(self.sets or self.restores or self.stale_sets)
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(sign, command) per change, for `diff`."""
+        out: list[tuple[str, str]] = []
+        for change in self.sets:
+            if change.create:
+                out.append(("+", f"ipset create {change.name} {change.kind}"))
+            out += [("+", f"ipset add {change.name} {entry}") for entry in change.add]
+            out += [("-", f"ipset del {change.name} {entry}") for entry in change.delete]
+        for version, table, payload in self.restores:
+            tool = "iptables" if version == 4 else "ip6tables"
+            for line in payload.splitlines():
+                if line.startswith(":"):
+                    out.append(("~", f"{tool} -t {table}: write chain {line[1:].split()[0]}"))
+                elif line.startswith(("-I ", "-D ", "-X ")):
+                    sign = "+" if line.startswith("-I") else "-"
+                    out.append((sign, f"{tool} -t {table} {line}"))
+        out += [("-", f"ipset destroy {name}") for name in self.stale_sets]
+        return out
+
+
+def plan_companion(
+    wanted: SetState, observed: Observed, options: Options, versions: tuple[int, ...] = (4, 6)
+) -> CompanionPlan:
+    """What to change so that the host has exactly the wanted sets and rules."""
+    changes = []
+    for name, (kind, version, entries) in sorted(wanted.sets.items()):
+        if version not in versions:
+            continue
+        seen = observed.sets.sets.get(name)
+        if seen is not None and seen[0] != kind:
+            raise KernelError(f"ipset {name} exists with type {seen[0]}, not {kind}")
+        have = seen[2] if seen is not None else frozenset()
+        add, delete = tuple(sorted(entries - have)), tuple(sorted(have - entries))
+        if seen is None or add or delete:
+            changes.append(SetChange(name, kind, version, seen is None, add, delete, entries))
+    restores = []
+    for version in versions:
+        rendered = render(version, options)
+        for table in TABLES:
+            saved = observed.chains.get((version, table), Saved())
+            payload = transaction(saved, rendered[table], table=table, jumps=JUMPS[table])
+            if payload:
+                restores.append((version, table, payload))
+    stale = tuple(sorted(set(observed.sets.sets) - set(wanted.sets)))
+    return CompanionPlan(tuple(changes), tuple(restores), stale)
+
+
+@dataclass
+class Companion:
+    """ipvsproxy's companion sets and rules on this host (IPv6 only where ip6tables works)."""
+
+    options: Options = field(default_factory=Options)
+    commands: Commands = field(default_factory=Commands)
+    versions: tuple[int, ...] = (4, 6)
+
+    def check(self) -> None:
+        """KernelUnavailable without ipset or iptables; IPv6 left out without ip6tables."""
+        self.commands.run(["ipset", "version"])
+        self.commands.run([TOOLS[4][0], "-t", "nat"])
+        try:
+            self.commands.run([TOOLS[6][0], "-t", "nat"])
+        except KernelError:
+            self.versions = (4,)
+
+    def observe(self) -> Observed:
+        chains = {
+            (version, table): parse_save(
+                self.commands.run([TOOLS[version][0], "-t", table]), table=table, prefix=PREFIX
+            )
+            for version in self.versions
+            for table in TABLES
+        }
+        return Observed(parse_ipset_save(self.commands.run(["ipset", "save"])), chains)
+
+    def plan(self, wanted: SetState) -> CompanionPlan:
+        return plan_companion(wanted, self.observe(), self.options, self.versions)
+
+    def apply(self, plan: CompanionPlan) -> None:
+        """Sets first (the rules match them), then rules, then unused sets. KernelError."""
+        script = ipset_script(plan.sets)
+        if script:
+            self.commands.run(["ipset", "restore", "-exist"], stdin=script)
+        for version, _table, payload in plan.restores:
+            self.commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
+        if plan.stale_sets:
+            stale = "".join(f"destroy {name}\n" for name in plan.stale_sets)
+            self.commands.run(["ipset", "restore", "-exist"], stdin=stale)
+
+    def cleanup(self, *, dry_run: bool = False) -> list[str]:
+        """Remove every companion chain, jump and set: rules before the sets they match."""
+        removed: list[str] = []
+        observed = self.observe()
+        for (version, table), saved in sorted(observed.chains.items()):
+            tool = "iptables" if version == 4 else "ip6tables"
+            removed += [f"{tool} -t {table}: rule -A {c} {spec}" for c, spec in saved.jumps]
+            removed += [f"{tool} -t {table}: chain {c}" for c in sorted(saved.chains)]
+            payload = removal(saved, table=table)
+            if payload and not dry_run:
+                self.commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
+        names = sorted(observed.sets.sets)
+        removed += [f"ipset {name}" for name in names]
+        if names and not dry_run:
+            script = "".join(f"destroy {name}\n" for name in names)
+            self.commands.run(["ipset", "restore", "-exist"], stdin=script)
+        return removed
+
+
+def ipset_script(changes: tuple[SetChange, ...]) -> str:
+    """`ipset restore` input: creates, small changes in place, big ones swapped in."""
+    lines: list[str] = []
+    for change in changes:
+        family = "inet" if change.version == 4 else "inet6"
+        if change.create:
+            lines.append(f"create {change.name} {change.kind} family {family}")
+        if change.swap and not change.create:
+            temporary = f"{change.name}-T"
+            lines.append(f"create {temporary} {change.kind} family {family}")
+            lines.append(f"flush {temporary}")
+            lines += [f"add {temporary} {entry}" for entry in sorted(change.wanted)]
+            lines += [f"swap {temporary} {change.name}", f"destroy {temporary}"]
+            continue
+        lines += [f"add {change.name} {entry}" for entry in change.add]
+        lines += [f"del {change.name} {entry}" for entry in change.delete]
+    return "".join(line + "\n" for line in lines)
+
+
+def parse_ipset_save(text: str) -> SetState:
+    """ipvsproxy's sets (name prefix `IPVSPROXY-`) from `ipset save`."""
+    sets: dict[str, tuple[str, int, set[str]]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or not parts[1].startswith(SET_PREFIX):
+            continue
+        if parts[0] == "create":
+            version = 6 if "inet6" in parts[3:5] else 4
+            sets[parts[1]] = (parts[2], version, set())
+        elif parts[0] == "add" and parts[1] in sets:
+            sets[parts[1]][2].add(parts[2])
+    return SetState({name: (kind, v, frozenset(found)) for name, (kind, v, found) in sets.items()})

@@ -1,0 +1,122 @@
+"""The ipsets the companion rules match, and their wanted entries (pure).
+
+Owns: the set names (all `IPVSPROXY-*`, `-6` for IPv6), their types, and `wanted()`: the IPVS
+state plus each virtual server's `Access` -> every set's entries, spelt as `ipset save`
+prints them, so wanted and observed sets compare as text. The rules stay constant; only these
+entries grow with the number of Services.
+
+  CLUSTER-IP     hash:ip,port      ClusterIP,proto:port      masquerade from outside the cluster
+  EXTERNAL-IP    hash:ip,port      externalIP/LB IP (policy Cluster)      masquerade
+  NODE-PORT      hash:ip,port      node address,proto:nodePort (Cluster)  masquerade
+  LOOP-BACK      hash:ip,port,ip   endpoint,proto:port,endpoint           hairpin masquerade
+  LB-FW          hash:ip,port      LB IP,proto:port with source ranges    filter
+  LB-SOURCE      hash:ip,port,net  LB IP,proto:port,allowed range         filter
+  SERVICE-PORTS  hash:ip,port      every VIP,proto:port                   accepted on VIPs
+  VIPS           hash:ip           every VIP on the dummy device          other ports rejected
+
+Imports: sync.desired, model, the standard library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from ipaddress import ip_network
+
+from ipvsproxy.model import IPNetwork, IpvsState, Proto, RSKey, VSKey
+from ipvsproxy.sync.desired import Access, Reach
+
+SET_PREFIX = "IPVSPROXY-"
+
+
+@dataclass(frozen=True, slots=True)
+class SetSpec:
+    base: str  # e.g. "CLUSTER-IP"
+    kind: str  # ipset type
+
+    def name(self, version: int) -> str:
+        return SET_PREFIX + self.base + ("" if version == 4 else "-6")
+
+
+CLUSTER_IP = SetSpec("CLUSTER-IP", "hash:ip,port")
+EXTERNAL_IP = SetSpec("EXTERNAL-IP", "hash:ip,port")
+NODE_PORT = SetSpec("NODE-PORT", "hash:ip,port")
+LOOP_BACK = SetSpec("LOOP-BACK", "hash:ip,port,ip")
+LB_FW = SetSpec("LB-FW", "hash:ip,port")
+LB_SOURCE = SetSpec("LB-SOURCE", "hash:ip,port,net")
+SERVICE_PORTS = SetSpec("SERVICE-PORTS", "hash:ip,port")
+VIPS = SetSpec("VIPS", "hash:ip")
+SPECS = (CLUSTER_IP, EXTERNAL_IP, NODE_PORT, LOOP_BACK, LB_FW, LB_SOURCE, SERVICE_PORTS, VIPS)
+VERSIONS = (4, 6)
+
+
+@dataclass(frozen=True, slots=True)
+class SetState:
+    """Set name -> (type, family, entries); one type for wanted and observed sets."""
+
+    sets: Mapping[str, tuple[str, int, frozenset[str]]]
+
+
+def all_sets() -> Iterator[tuple[str, str, int]]:
+    """(name, type, IP version) of every set ipvsproxy owns."""
+    for spec in SPECS:
+        for version in VERSIONS:
+            yield spec.name(version), spec.kind, version
+
+
+def wanted(state: IpvsState, access: Mapping[VSKey, Access]) -> SetState:
+    """Every set's entries for this state (a virtual server without access info is a
+    ClusterIP when its address is bound, else a NodePort)."""
+    entries: dict[str, set[str]] = {name: set() for name, _, _ in all_sets()}
+    for key in state.services:
+        if key.fwmark:
+            continue
+        reach = access.get(key) or Access(
+            Reach.CLUSTER_IP if key.address in state.bound else Reach.NODE_PORT
+        )
+        dests = state.dests.get(key, {})
+        for spec, entry in _entries(key, reach, [rs.key for rs in dests.values()]):
+            entries[spec.name(key.address.version)].add(entry)
+    for address in state.bound:
+        entries[VIPS.name(address.version)].add(str(address))
+    kinds = {name: (kind, version) for name, kind, version in all_sets()}
+    return SetState({name: (*kinds[name], frozenset(found)) for name, found in entries.items()})
+
+
+def _entries(key: VSKey, reach: Access, dests: list[RSKey]) -> Iterator[tuple[SetSpec, str]]:
+    """The set entries one virtual server contributes."""
+    proto = _proto(key.proto)
+    ip_port = f"{key.address},{proto}:{key.port}"
+    if reach.reach is Reach.CLUSTER_IP:
+        yield CLUSTER_IP, ip_port
+    elif not reach.local:  # externalTrafficPolicy: Local keeps the client's address
+        yield (NODE_PORT if reach.reach is Reach.NODE_PORT else EXTERNAL_IP), ip_port
+    if reach.reach is not Reach.NODE_PORT:
+        yield SERVICE_PORTS, ip_port
+        yield VIPS, str(key.address)
+    if reach.source_ranges:
+        yield LB_FW, ip_port
+        for net in reach.source_ranges:
+            for part in _splittable(net):
+                if part.version == key.address.version:
+                    yield LB_SOURCE, f"{ip_port},{_net(part)}"
+    for rs in dests:
+        yield LOOP_BACK, f"{rs.address},{proto}:{rs.port},{rs.address}"
+
+
+def _splittable(net: IPNetwork) -> list[IPNetwork]:
+    """ipset's net types take no /0: 0.0.0.0/0 becomes its two halves."""
+    if net.prefixlen:
+        return [net]
+    return list(net.subnets(prefixlen_diff=1))
+
+
+def _net(net: IPNetwork) -> str:
+    """As `ipset save` prints a net: a full-length prefix as a plain address."""
+    if net.prefixlen == net.max_prefixlen:
+        return str(net.network_address)
+    return str(ip_network(net, strict=False))
+
+
+def _proto(proto: Proto) -> str:
+    return proto.name.lower()
