@@ -30,6 +30,7 @@ from ipvsproxy.backends import (
     prepare,
     remove_leftovers,
 )
+from ipvsproxy.companion.sets import wanted
 from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError
@@ -117,6 +118,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     desired, node = desired_from(source, config)
     notes: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
+    companion_lines: tuple[Line, ...] = ()
     state = desired.state
     if kernel_state is not None:
         observed = read_kernel_state(kernel_state)
@@ -132,6 +134,13 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             drainer = Drainer(timeout=config.drain_timeout)
             state = drainer.hold(state, observed, connections=kernel.connections).state
             repairs = kernel.damage()
+            companion = companion_for(backend)
+            if companion is not None:
+                companion.options = options_for(config, node)
+                planned = companion.plan(wanted(state, desired.access))
+                companion_lines = tuple(
+                    Line(sign, "companion", command, "") for sign, command in planned.describe()
+                )
             if backend.name == IPTABLES:
                 notes = (
                     "backend iptables: operations are shown in ipvsadm terms; `run` writes "
@@ -145,7 +154,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
         manage_addresses=kernel_state is None,
     )
     lines = tuple(describe(op, desired.origins, observed, config.dummy_device) for op in ops)
-    return DiffResult(lines, desired.warnings, notes, repairs)
+    return DiffResult(lines + companion_lines, desired.warnings, notes, repairs)
 
 
 @dataclass(frozen=True, slots=True)

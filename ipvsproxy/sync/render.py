@@ -94,6 +94,7 @@ _KINDS = (
     "delete-dest",
     "bind-address",
     "unbind-address",
+    "companion",  # ipset entries and iptables chains of IPVS mode's companion rules
 )
 
 

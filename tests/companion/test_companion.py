@@ -1,0 +1,170 @@
+"""The companion rules' pure core: set entries, constant rules, plans, ipset scripts."""
+
+from __future__ import annotations
+
+from ipaddress import ip_address, ip_network
+from pathlib import Path
+
+from hypothesis import given
+
+from ipvsproxy.agent import desired_from_manifests
+from ipvsproxy.companion.kernel import (
+    BULK,
+    JUMPS,
+    Observed,
+    ipset_script,
+    parse_ipset_save,
+    plan_companion,
+)
+from ipvsproxy.companion.rules import LocalMode, Options, render
+from ipvsproxy.companion.sets import SetState, all_sets, wanted
+from ipvsproxy.config import Config
+from ipvsproxy.iptables.parse import Saved
+from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
+from ipvsproxy.sync.desired import Access, Reach
+from tests.strategies import states
+
+EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+
+
+def entries(state: SetState, base: str, version: int = 4) -> frozenset[str]:
+    name = f"IPVSPROXY-{base}" + ("" if version == 4 else "-6")
+    return state.sets[name][2]
+
+
+def test_the_bundled_example_fills_each_set_as_kubernetes_means_it():
+    desired, _ = desired_from_manifests([EXAMPLES], Config(node_name="node-a"))
+    sets = wanted(desired.state, desired.access)
+    assert "10.96.0.10,tcp:80" in entries(sets, "CLUSTER-IP")
+    assert "10.96.0.53,udp:53" in entries(sets, "CLUSTER-IP")
+    assert "10.96.0.70,sctp:5060" in entries(sets, "CLUSTER-IP")
+    assert "fd00:96::60,tcp:80" in entries(sets, "CLUSTER-IP", 6)
+    # demo/api: an externalIP and an LB IP, policy Cluster: masqueraded
+    assert {"198.51.100.7,tcp:443", "203.0.113.10,tcp:443"} <= entries(sets, "EXTERNAL-IP")
+    # demo/shop: NodePort with externalTrafficPolicy Local keeps the client address
+    assert not any(e.endswith(":30080") for e in entries(sets, "NODE-PORT"))
+    assert "172.31.0.10,tcp:31443" in entries(sets, "NODE-PORT")
+    assert "10.244.1.2,tcp:8000,10.244.1.2" in entries(sets, "LOOP-BACK")
+    assert "203.0.113.10,tcp:443" in entries(sets, "SERVICE-PORTS")
+    assert not any(e.startswith("172.31.0.10,") for e in entries(sets, "SERVICE-PORTS"))
+    assert entries(sets, "VIPS") == {str(a) for a in desired.state.bound if a.version == 4}
+
+
+def test_load_balancer_source_ranges_become_a_firewall_with_allowed_ranges():
+    key = VSKey(ip_address("203.0.113.10"), 443, Proto.TCP)
+    state = state_of({VirtualServer(key): []}, bound=frozenset({key.address}))
+    ranges = (ip_network("192.0.2.0/24"), ip_network("198.51.100.7/32"), ip_network("0.0.0.0/0"))
+    sets = wanted(state, {key: Access(Reach.LOAD_BALANCER, source_ranges=ranges)})
+    assert entries(sets, "LB-FW") == {"203.0.113.10,tcp:443"}
+    assert entries(sets, "LB-SOURCE") == {
+        "203.0.113.10,tcp:443,192.0.2.0/24",
+        "203.0.113.10,tcp:443,198.51.100.7",  # a full-length prefix as ipset prints it
+        "203.0.113.10,tcp:443,0.0.0.0/1",  # ipset takes no /0: its two halves
+        "203.0.113.10,tcp:443,128.0.0.0/1",
+    }
+
+
+def test_rule_count_does_not_grow_with_services():
+    options = Options(local_mode=LocalMode.CLUSTER_CIDR, local_cidrs=(ip_network("10.244.0.0/16"),))
+    counts = {t: sum(len(r) for r in rs.chains.values()) for t, rs in render(4, options).items()}
+    assert counts == {"nat": 11, "filter": 3}
+
+
+def test_local_detection_modes():
+    def prerouting(options: Options, version: int = 4) -> tuple[str, ...]:
+        return render(version, options)["nat"].chains["IPVSPROXY-SERVICES"]
+
+    cidr = Options(local_mode=LocalMode.CLUSTER_CIDR, local_cidrs=(ip_network("10.244.0.0/16"),))
+    assert prerouting(cidr)[0].startswith("-A IPVSPROXY-SERVICES ! -s 10.244.0.0/16 -m set")
+    assert len(prerouting(cidr, 6)) == 2  # no IPv6 pod range given: no ClusterIP masquerade
+    prefix = Options(local_mode=LocalMode.INTERFACE_NAME_PREFIX, interface="veth")
+    assert "! -i veth+ " in prerouting(prefix)[0]
+    bridge = Options(local_mode=LocalMode.BRIDGE_INTERFACE, interface="cni0")
+    assert "! -i cni0 " in prerouting(bridge)[0]
+    everything = Options(masquerade_all=True)
+    assert prerouting(everything)[0] == (
+        "-A IPVSPROXY-SERVICES -m set --match-set IPVSPROXY-CLUSTER-IP dst,dst "
+        "-j IPVSPROXY-MARK-MASQ"
+    )
+    assert len(prerouting(Options())) == 2  # no detection: only external and NodePort
+    assert render(4, Options(masquerade_bit=15))["nat"].chains["IPVSPROXY-MARK-MASQ"] == (
+        "-A IPVSPROXY-MARK-MASQ -j MARK --set-xmark 0x8000/0x8000",
+    )
+
+
+def observed_from(sets: SetState, options: Options) -> Observed:
+    chains = {
+        (v, table): Saved(rs.chains, JUMPS[table])
+        for v in (4, 6)
+        for table, rs in render(v, options).items()
+    }
+    return Observed(sets, chains)
+
+
+@given(states(), states())
+def test_a_plan_reaches_the_wanted_sets_and_then_there_is_nothing_to_do(before, after):
+    options = Options()
+    old, new = wanted(before, {}), wanted(after, {})
+    plan = plan_companion(new, observed_from(old, options), options)
+    assert plan.restores == ()  # the rules are constant
+    result = {n: set(e) for n, (_, _, e) in old.sets.items()}
+    for change in plan.sets:
+        if change.swap:
+            result[change.name] = set(change.wanted)
+        else:
+            result[change.name] |= set(change.add)
+            result[change.name] -= set(change.delete)
+    assert {n: frozenset(e) for n, e in result.items()} == {
+        n: e for n, (_, _, e) in new.sets.items()
+    }
+    assert not plan_companion(new, observed_from(new, options), options)
+
+
+def test_a_cold_host_gets_every_set_created_then_rules_and_jumps():
+    sets = wanted(IpvsState(), {})
+    plan = plan_companion(sets, Observed(SetState({}), {}), Options())
+    assert {c.name for c in plan.sets} == {name for name, _, _ in all_sets()}
+    assert all(c.create for c in plan.sets)
+    assert len(plan.restores) == 4  # nat and filter, both families
+    script = ipset_script(plan.sets)
+    assert "create IPVSPROXY-LOOP-BACK-6 hash:ip,port,ip family inet6\n" in script
+    described = plan.describe()
+    jump = '-I INPUT 1 -m comment --comment "ipvsproxy ipvs filter" -j IPVSPROXY-FILTER'
+    assert ("+", f"iptables -t filter {jump}") in described
+    assert ("~", "ip6tables -t nat: write chain IPVSPROXY-POSTROUTING") in described
+
+
+def test_many_changes_to_one_set_are_swapped_in():
+    keys = [VSKey(ip_address(f"10.96.1.{n}"), 80, Proto.TCP) for n in range(BULK + 1)]
+    state = state_of({VirtualServer(k): [] for k in keys}, bound=frozenset(k.address for k in keys))
+    old = wanted(IpvsState(), {})
+    plan = plan_companion(wanted(state, {}), Observed(old, {}), Options())
+    cluster = next(c for c in plan.sets if c.name == "IPVSPROXY-CLUSTER-IP")
+    assert cluster.swap
+    script = ipset_script((cluster,))
+    assert script.splitlines()[:2] == [
+        "create IPVSPROXY-CLUSTER-IP-T hash:ip,port family inet",
+        "flush IPVSPROXY-CLUSTER-IP-T",
+    ]
+    assert script.splitlines()[-2:] == [
+        "swap IPVSPROXY-CLUSTER-IP-T IPVSPROXY-CLUSTER-IP",
+        "destroy IPVSPROXY-CLUSTER-IP-T",
+    ]
+
+
+def test_parse_ipset_save_keeps_only_ours():
+    text = (
+        "create KUBE-X hash:ip family inet hashsize 1024\nadd KUBE-X 1.2.3.4\n"
+        "create IPVSPROXY-VIPS-6 hash:ip family inet6 hashsize 1024 maxelem 65536\n"
+        "add IPVSPROXY-VIPS-6 fd00::1\n"
+    )
+    assert parse_ipset_save(text) == SetState(
+        {"IPVSPROXY-VIPS-6": ("hash:ip", 6, frozenset({"fd00::1"}))}
+    )
+
+
+def test_loop_back_entries_follow_the_destinations():
+    key = VSKey(ip_address("10.96.0.10"), 80, Proto.UDP)
+    rs = RealServer(RSKey(ip_address("10.244.1.2"), 5353))
+    sets = wanted(state_of({VirtualServer(key): [rs]}, bound=frozenset({key.address})), {})
+    assert entries(sets, "LOOP-BACK") == {"10.244.1.2,udp:5353,10.244.1.2"}
