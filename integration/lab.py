@@ -73,8 +73,9 @@ class Backend:
 
 
 class Lab:
-    def __init__(self, node: str = "") -> None:
+    def __init__(self, node: str = "", tag: str = "") -> None:
         self.node = node
+        self.tag = tag  # in namespace names, so that two labs (two nodes) can coexist
         if node:
             sh("ip", "netns", "add", node)
             sh("ip", "-n", node, "link", "set", "lo", "up")
@@ -104,13 +105,13 @@ class Lab:
     def add_backend(self, address: str = "", ports: tuple[int, ...] = (PORT,)) -> Backend:
         """A backend namespace answering its name on TCP, UDP and SCTP (if available) ports."""
         n = len(self.backends) + 1
-        ns, link = f"ipvsp-b{n}", f"vb{n}"
+        ns, link = f"ipvsp-{self.tag}b{n}", f"vb{n}"
         if address:
             self._host_route_namespace(ns, link, address)
         else:
             address = f"10.244.{n}.2"
             self._namespace(ns, link, f"10.244.{n}.1/24", f"{address}/24")
-        backend = Backend(f"b{n}", ns, address)
+        backend = Backend(f"{self.tag}b{n}", ns, address)
         for number in ports:
             self._listen(backend, number)
         self.backends.append(backend)
@@ -147,7 +148,7 @@ class Lab:
 
     def add_client(self, extra: int = 0) -> str:
         n = len(self.clients) + 1
-        ns = f"ipvsp-c{n}"
+        ns = f"ipvsp-{self.tag}c{n}"
         self._namespace(ns, f"vc{n}", f"10.250.{n}.1/24", f"10.250.{n}.2/24")
         for i in range(extra):
             sh("ip", "-n", ns, "addr", "add", f"10.250.{n}.{3 + i}/24", "dev", "eth0")
@@ -202,12 +203,18 @@ class Lab:
 
 
 def connect(
-    ns: str, vip: str, port: int, *, source: str = "", proto: int = socket.IPPROTO_TCP
+    ns: str,
+    vip: str,
+    port: int,
+    *,
+    source: str = "",
+    proto: int = socket.IPPROTO_TCP,
+    timeout: float = 10,
 ) -> tuple[str, socket.socket]:
     """Open a stream connection from namespace `ns`; (backend name, the open socket)."""
     with inside(ns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
-    sock.settimeout(10)
+    sock.settimeout(timeout)
     if source:
         sock.bind((source, 0))
     sock.connect((vip, port))
@@ -221,10 +228,16 @@ def connect(
 
 
 def request(
-    ns: str, vip: str, port: int, *, source: str = "", proto: int = socket.IPPROTO_TCP
+    ns: str,
+    vip: str,
+    port: int,
+    *,
+    source: str = "",
+    proto: int = socket.IPPROTO_TCP,
+    timeout: float = 10,
 ) -> str:
     """One short connection: which backend answered."""
-    name, sock = connect(ns, vip, port, source=source, proto=proto)
+    name, sock = connect(ns, vip, port, source=source, proto=proto, timeout=timeout)
     sock.close()
     return name
 

@@ -1,0 +1,257 @@
+"""IPVS mode beyond one node: the companion ipsets and iptables rules, on the real kernel.
+
+Two "nodes" are network namespaces, each with its own IPVS table, dummy device, ipsets and
+iptables (all per namespace), programmed by ipvsproxy's own sync path; pods are namespaces
+behind their node; outside clients sit with both nodes on one bridge (192.168.50.0/24).
+
+  client ext1 .100 ─┐                         ┌─ pods 10.244.1.2, .3 (node1)
+  client ext2 .200 ─┼─ bridge ─ node1 .1 ─────┘
+                    └───────── node2 .2 ─────── pod 10.244.2.2 (node2)
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from ipaddress import ip_network
+from typing import Any
+
+import pytest
+
+from integration.conftest import clean_ipvs
+from integration.lab import PORT, Lab, connect, inside, request, sh
+from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.companion.step import after_sync, options_for
+from ipvsproxy.config import Config
+from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.netlink import NetlinkKernel
+from ipvsproxy.sync.desired import from_objects
+from ipvsproxy.sync.engine import sync
+from tests.factories import ep, node, port, service, slice_
+
+LAN = "192.168.50"
+CLUSTER_CIDR = "10.244.0.0/16"
+SYSCTLS = (
+    "net.ipv4.ip_forward=1",
+    "net.ipv4.vs.conntrack=1",
+    "net.ipv4.vs.expire_nodest_conn=1",
+    "net.ipv4.vs.expire_quiescent_template=1",
+)
+
+
+class Node:
+    """One node: its namespace, its lab of pods, ipvsproxy's kernel state in it."""
+
+    def __init__(self, n: int) -> None:
+        self.name, self.ns, self.address = f"node-{n}", f"ipvsp-n{n}", f"{LAN}.{n}"
+        self.lab = Lab(node=self.ns, tag=f"n{n}")
+        for setting in SYSCTLS:
+            sh("ip", "netns", "exec", self.ns, "sysctl", "-qw", setting)
+        _attach(self.ns, f"lan{n}", f"{self.address}/24")
+        with inside(self.ns):
+            self.kernel = NetlinkKernel()
+        commands = Commands(prefix=("ip", "netns", "exec", self.ns))
+        self.companion = Companion(commands=commands)
+        self.companion.check()
+        self.config = Config(
+            node_name=self.name,
+            cluster_cidrs=(ip_network(CLUSTER_CIDR),),
+            detect_local_mode="ClusterCIDR",
+            nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
+        )
+
+    def sync(self, objects: list[dict[str, Any]]) -> None:
+        desired, view = from_objects(objects, self.config)
+        result = sync(self.kernel, desired, view, self.config)
+        assert result.report.failures == ()
+        extra = after_sync(self.companion, result, desired, options_for(self.config, view))
+        assert extra.error == ""
+
+    def close(self) -> None:
+        self.kernel.close()
+        self.lab.close()
+
+
+def _attach(ns: str, link: str, cidr: str) -> None:
+    """A veth from namespace `ns` (eth-lan) to the bridge in the VM's root namespace."""
+    sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth-lan", "netns", ns)
+    sh("ip", "link", "set", link, "master", "ipvsp-br", "up")
+    sh("ip", "-n", ns, "addr", "add", cidr, "dev", "eth-lan")
+    sh("ip", "-n", ns, "link", "set", "eth-lan", "up")
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Node, Node, list[str]]]:
+    clean_ipvs()
+    subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+    sh("ip", "link", "add", "ipvsp-br", "type", "bridge")
+    sh("ip", "link", "set", "ipvsp-br", "up")
+    nodes: list[Node] = []
+    clients: list[str] = []
+    try:
+        nodes = [Node(1), Node(2)]
+        n1, n2 = nodes
+        n1.lab.add_backend("10.244.1.2")
+        n1.lab.add_backend("10.244.1.3")
+        n2.lab.add_backend("10.244.2.2")
+        sh("ip", "-n", n1.ns, "route", "add", "10.244.2.0/24", "via", n2.address)
+        sh("ip", "-n", n2.ns, "route", "add", "10.244.1.0/24", "via", n1.address)
+        for i, last in enumerate((100, 200), 1):
+            ns = f"ipvsp-ext{i}"
+            sh("ip", "netns", "add", ns)
+            clients.append(ns)
+            _attach(ns, f"ext{i}", f"{LAN}.{last}/24")
+            for vip in ("203.0.113.10", "10.96.0.0/16"):
+                sh("ip", "-n", ns, "route", "add", vip, "via", n1.address)
+        yield n1, n2, clients
+    finally:
+        for n in nodes:
+            n.close()
+        for ns in clients:
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+        subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+
+
+def nodeport_service(name: str, vip: str, number: int, **spec: Any) -> dict[str, Any]:
+    made: dict[str, Any] = service(name, type="NodePort", cluster_ips=(vip,),
+                                   ports=[port("p", 80, "TCP", PORT, number)], **spec)  # fmt: skip
+    return made
+
+
+def cluster_ip(name: str, vip: str) -> dict[str, Any]:
+    made: dict[str, Any] = service(name, cluster_ips=(vip,), ports=[port("p", 80, "TCP", PORT)])
+    return made
+
+
+def objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node("node-1", addresses=(f"{LAN}.1",)), node("node-2", addresses=(f"{LAN}.2",)),
+            *extra]  # fmt: skip
+
+
+def endpoints(name: str, *pods: tuple[str, str], proto: str = "TCP") -> dict[str, Any]:
+    made: dict[str, Any] = slice_(
+        name, ports=(("p", PORT, proto),), endpoints=[ep(a, node=where) for a, where in pods]
+    )
+    return made
+
+
+def refused_or_silent(ns: str, address: str, number: int) -> bool:
+    try:
+        request(ns, address, number, timeout=2)
+    except OSError:
+        return True
+    return False
+
+
+def test_nodeport_to_a_pod_on_another_node_works_through_snat(cluster):
+    n1, n2, (ext1, _) = cluster
+    state = objects(
+        nodeport_service("np", "10.96.0.30", 30080),
+        endpoints("np", ("10.244.2.2", "node-2")),
+        nodeport_service("local", "10.96.0.31", 30081, externalTrafficPolicy="Local"),
+        endpoints("local", ("10.244.2.2", "node-2")),
+    )
+    n1.sync(state)
+    n2.sync(state)
+    # the pod's replies go back through node 1 (it sees node 1 as the source), so this works
+    assert request(ext1, n1.address, 30080) == "n2b1"
+    # externalTrafficPolicy Local: node 1 has no local endpoint and does not forward
+    assert refused_or_silent(ext1, n1.address, 30081)
+    assert request(ext1, n2.address, 30081) == "n2b1"
+
+
+def test_a_pod_reaches_itself_through_its_own_cluster_ip(cluster):
+    n1, _, _ = cluster
+    n1.sync(objects(cluster_ip("self", "10.96.0.40"), endpoints("self", ("10.244.1.2", "node-1"))))
+    pod = n1.lab.backends[0].ns
+    assert request(pod, "10.96.0.40", 80) == "n1b1"  # hairpin: masqueraded by LOOP-BACK
+
+
+def test_only_service_ports_answer_on_a_vip(cluster):
+    n1, _, _ = cluster
+    n1.sync(objects(cluster_ip("web", "10.96.0.50"), endpoints("web", ("10.244.1.3", "node-1"))))
+    with inside(n1.ns):
+        host_service = socket.create_server(("0.0.0.0", 2222))
+    try:
+        pod = n1.lab.backends[0].ns
+        assert request(pod, "10.96.0.50", 80) == "n1b2"
+        with pytest.raises(ConnectionRefusedError):  # REJECT: not the node's port 2222
+            connect(pod, "10.96.0.50", 2222, timeout=3)
+        with inside(pod):
+            sock = socket.create_connection((n1.address, 2222), timeout=3)  # the node's own port
+        sock.close()
+    finally:
+        host_service.close()
+
+
+def test_load_balancer_source_ranges(cluster):
+    n1, _, (ext1, ext2) = cluster
+    lb = service("lb", type="LoadBalancer", cluster_ips=("10.96.0.60",),
+                 ports=[port("p", 80, "TCP", PORT, 30090)],
+                 loadBalancerSourceRanges=[f"{LAN}.100/32"],
+                 status={"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}})  # fmt: skip
+    n1.sync(objects(lb, endpoints("lb", ("10.244.1.2", "node-1"))))
+    assert request(ext1, "203.0.113.10", 80) == "n1b1"
+    assert refused_or_silent(ext2, "203.0.113.10", 80)
+
+
+def test_a_udp_client_moves_on_within_one_sync_after_its_endpoint_goes(cluster):
+    n1, _, _ = cluster
+    dns = service("dns", cluster_ips=("10.96.0.53",), ports=[port("p", 53, "UDP", PORT)])
+    both = endpoints("dns", ("10.244.1.2", "node-1"), ("10.244.1.3", "node-1"), proto="UDP")
+    n1.sync(objects(dns, both))
+    client = n1.lab.add_client()
+    with inside(client):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.settimeout(1)
+
+    def ask() -> str:
+        sock.sendto(b"?", ("10.96.0.53", 53))
+        return sock.recv(64).decode()
+
+    first = ask()
+    assert {ask() for _ in range(3)} == {first}  # one conntrack entry: one backend
+    remaining = ("10.244.1.3", "node-1") if first == "n1b1" else ("10.244.1.2", "node-1")
+    n1.sync(objects(dns, endpoints("dns", remaining, proto="UDP")))
+    answers = []
+    for _ in range(3):
+        try:
+            answers.append(ask())
+        except TimeoutError:
+            answers.append("")
+    assert answers[-1], answers
+    assert answers[-1] != first, answers
+    sock.close()
+
+
+def _rules(ns: str) -> int:
+    text = ""
+    for table in ("nat", "filter"):
+        text += subprocess.run(["ip", "netns", "exec", ns, "iptables-save", "-t", table],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return sum(1 for line in text.splitlines() if line.startswith("-A") and "IPVSPROXY" in line)
+
+
+def test_the_rule_count_is_the_same_for_10_and_1000_services(cluster):
+    n1, _, _ = cluster
+
+    def many(count: int) -> list[dict[str, Any]]:
+        out = []
+        for i in range(count):
+            vip = f"10.97.{i // 250}.{i % 250 + 1}"
+            out += [cluster_ip(f"s{i}", vip), endpoints(f"s{i}", ("10.244.1.2", "node-1"))]
+        return objects(*out)
+
+    started = time.monotonic()
+    n1.sync(many(10))
+    ten = _rules(n1.ns)
+    n1.sync(many(1000))
+    assert _rules(n1.ns) == ten
+    sets = subprocess.run(["ip", "netns", "exec", n1.ns, "ipset", "list", "IPVSPROXY-CLUSTER-IP"],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "10.97.3.250,tcp:80" in sets
+    n1.sync(objects())
+    assert time.monotonic() - started < 300
