@@ -214,16 +214,20 @@ def connect(
     """Open a stream connection from namespace `ns`; (backend name, the open socket)."""
     with inside(ns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)
-    sock.settimeout(timeout)
-    if source:
-        sock.bind((source, 0))
-    sock.connect((vip, port))
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(64)
-        if not chunk:
-            break
-        data += chunk
+    try:
+        sock.settimeout(timeout)
+        if source:
+            sock.bind((source, 0))
+        sock.connect((vip, port))
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(64)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        sock.close()
+        raise
     return data.decode().strip(), sock
 
 
