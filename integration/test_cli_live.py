@@ -93,6 +93,7 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
     try:
         assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0
         assert "-A -t 10.96.0.10:80" in _ipvs()
+        assert "IPVSPROXY-SERVICES" in _nat()  # IPVS mode's companion rules
 
         ran = invoke("run", "--once", "--manifests", EXAMPLES, *NODE, "--backend", "iptables")
         assert ran.exit_code == 0, ran.output
@@ -100,6 +101,7 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
         assert "192.168.99.1:443" in _ipvs()  # ... and nothing else
         assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
         assert "-d 10.96.0.10/32" in _nat()
+        assert "IPVSPROXY-SERVICES" not in _nat()  # IPVS mode's companion rules went too
 
         assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0  # auto: IPVS
         assert "IPVSPX" not in _nat()
@@ -111,6 +113,12 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
         assert "removed: IPVS: ipvsadm -D -t 10.96.0.10:80" in done.stdout
         assert _ipvs().strip().splitlines() == ["-A -t 192.168.99.1:443 -s wlc"]
         assert foreign_rule in _nat()
+        filter_rules = subprocess.run(
+            ["iptables-save", "-t", "filter"], capture_output=True, text=True, check=True
+        ).stdout
+        assert "IPVSPROXY" not in _nat() + filter_rules  # the companion rules went too ...
+        sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout
+        assert "IPVSPROXY" not in sets  # ... and then their sets
         assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
     finally:
         subprocess.run(["ip", "addr", "del", "172.31.0.10/32", "dev", "lo"], check=False)

@@ -198,11 +198,23 @@ def test_load_balancer_source_ranges(cluster):
     assert refused_or_silent(ext2, "203.0.113.10", 80)
 
 
+def dns_objects(vip: str) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+    """A UDP Service on node 1's two pods; (Service, objects with both, objects without one)."""
+    dns: dict[str, Any] = service("dns", cluster_ips=(vip,), ports=[port("p", 53, "UDP", PORT)])
+    pods = {"n1b1": ("10.244.1.2", "node-1"), "n1b2": ("10.244.1.3", "node-1")}
+    both = objects(dns, endpoints("dns", *pods.values(), proto="UDP"))
+
+    def without(name: str) -> list[dict[str, Any]]:
+        rest = [pod for pod_name, pod in pods.items() if pod_name != name]
+        return objects(dns, endpoints("dns", *rest, proto="UDP"))
+
+    return dns, both, without
+
+
 def test_a_udp_client_moves_on_within_one_sync_after_its_endpoint_goes(cluster):
     n1, _, _ = cluster
-    dns = service("dns", cluster_ips=("10.96.0.53",), ports=[port("p", 53, "UDP", PORT)])
-    both = endpoints("dns", ("10.244.1.2", "node-1"), ("10.244.1.3", "node-1"), proto="UDP")
-    n1.sync(objects(dns, both))
+    _, both, without = dns_objects("10.96.0.53")
+    n1.sync(both)
     client = n1.lab.add_client()
     with inside(client):
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -213,18 +225,45 @@ def test_a_udp_client_moves_on_within_one_sync_after_its_endpoint_goes(cluster):
         return sock.recv(64).decode()
 
     first = ask()
-    assert {ask() for _ in range(3)} == {first}  # one conntrack entry: one backend
-    remaining = ("10.244.1.3", "node-1") if first == "n1b1" else ("10.244.1.2", "node-1")
-    n1.sync(objects(dns, endpoints("dns", remaining, proto="UDP")))
-    answers = []
-    for _ in range(3):
-        try:
-            answers.append(ask())
-        except TimeoutError:
-            answers.append("")
-    assert answers[-1], answers
-    assert answers[-1] != first, answers
+    assert {ask() for _ in range(3)} == {first}  # one flow: one backend
+    gone = "10.244.1.2" if first == "n1b1" else "10.244.1.3"
+    assert _udp_flows(n1.ns, gone)
+    n1.sync(without(first))
+    assert _udp_flows(n1.ns, gone) == []  # deleted by the sync, not left to time out
+    assert ask() != first  # the very next datagram from the same socket
     sock.close()
+
+
+def test_the_sync_deletes_the_flows_even_where_ipvs_would_keep_them(cluster):
+    """IPVS itself drops connections to deleted destinations since Linux 5.9, and only with
+    expire_nodest_conn=1: with it off here (as on older kernels) the flows stay unless the
+    sync deletes them."""
+    n1, _, _ = cluster
+    _, both, without = dns_objects("10.96.0.57")
+    n1.sync(both)
+    sh("ip", "netns", "exec", n1.ns, "sysctl", "-qw", "net.ipv4.vs.expire_nodest_conn=0")
+    try:
+        client = n1.lab.add_client()
+        with inside(client):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with sock:
+            sock.settimeout(1)
+            sock.sendto(b"?", ("10.96.0.57", 53))
+            first = sock.recv(64).decode()
+        gone = "10.244.1.2" if first == "n1b1" else "10.244.1.3"
+        assert _udp_flows(n1.ns, gone)
+        n1.sync(without(first))
+        assert _udp_flows(n1.ns, gone) == []
+    finally:
+        sh("ip", "netns", "exec", n1.ns, "sysctl", "-qw", "net.ipv4.vs.expire_nodest_conn=1")
+
+
+def _udp_flows(ns: str, reply_source: str) -> list[str]:
+    listed = subprocess.run(
+        ["ip", "netns", "exec", ns, "conntrack", "-L", "-p", "udp", "--reply-src", reply_source],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [line for line in listed.splitlines() if line.strip()]
 
 
 def _rules(ns: str) -> int:

@@ -168,3 +168,46 @@ def test_loop_back_entries_follow_the_destinations():
     rs = RealServer(RSKey(ip_address("10.244.1.2"), 5353))
     sets = wanted(state_of({VirtualServer(key): [rs]}, bound=frozenset({key.address})), {})
     assert entries(sets, "LOOP-BACK") == {"10.244.1.2,udp:5353,10.244.1.2"}
+
+
+class RecordingCommands:
+    def __init__(self) -> None:
+        self.ran: list[list[str]] = []
+        self.prefix = ()
+
+    def run(self, args, *, stdin=None):
+        self.ran.append(list(args))
+        return ""
+
+
+def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
+    from ipvsproxy.companion.conntrack import forget_udp
+    from ipvsproxy.companion.kernel import Companion
+    from ipvsproxy.companion.step import after_sync
+    from ipvsproxy.errors import NotFound
+    from ipvsproxy.kernel import ApplyReport, Failure
+    from ipvsproxy.model import DeleteDest, DeleteService
+    from ipvsproxy.sync.desired import Desired
+    from ipvsproxy.sync.engine import SyncResult
+
+    udp = VSKey(ip_address("10.96.0.53"), 53, Proto.UDP)
+    tcp = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
+    udp6 = VSKey(ip_address("fd00:96::53"), 53, Proto.UDP)
+    gone = RSKey(ip_address("10.244.1.2"), 5353)
+    failed = DeleteDest(udp, RSKey(ip_address("10.244.1.9"), 5353))
+    ops = (DeleteDest(udp, gone), DeleteDest(tcp, gone), DeleteService(udp6), failed)
+    report = ApplyReport(3, (Failure(failed, NotFound("gone already")),))
+    commands = RecordingCommands()
+    companion = Companion(commands=commands)  # type: ignore[arg-type]
+    result = after_sync(
+        companion, SyncResult(ops, report, IpvsState()), Desired(IpvsState()), Options()
+    )
+    assert result.forgotten == 2
+    deletes = [args for args in commands.ran if args[0] == "conntrack"]
+    assert deletes == [
+        ["conntrack", "-D", "-f", "ipv4", "-p", "udp", "--orig-dst", "10.96.0.53",
+         "--orig-port-dst", "53", "--reply-src", "10.244.1.2", "--reply-port-src", "5353"],
+        ["conntrack", "-D", "-f", "ipv6", "-p", "udp", "--orig-dst", "fd00:96::53",
+         "--orig-port-dst", "53"],
+    ]  # fmt: skip
+    assert forget_udp(commands, []) == 0  # type: ignore[arg-type]
