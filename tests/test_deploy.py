@@ -156,7 +156,7 @@ def test_the_init_containers_flags_are_valid_for_ipvsproxy_prepare(monkeypatch):
 def test_containerfile_installs_the_tools_on_a_slim_python_base():
     text = (ROOT / "Containerfile").read_text()
     assert re.search(r"^FROM python:3\.\d+-slim", text, re.M)
-    for tool in ("iproute2", "ipset", "iptables", "ipvsadm"):
+    for tool in ("iproute2", "ipset", "iptables", "ipvsadm", "conntrack"):
         assert re.search(rf"apt-get install [^\n]*\b{tool}\b", text), tool
     assert 'ENTRYPOINT ["ipvsproxy"]' in text
 
