@@ -14,10 +14,20 @@ from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.errors import Unsupported
 from ipvsproxy.ipvsadm import parse_save
-from ipvsproxy.model import AddService, Proto, RealServer, RSKey, UpdateDest, VirtualServer, VSKey
+from ipvsproxy.model import (
+    AddDest,
+    AddService,
+    Proto,
+    RealServer,
+    RSKey,
+    UpdateDest,
+    VirtualServer,
+    VSKey,
+)
 from ipvsproxy.netlink import NetlinkKernel, probe
 from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.netlink.genl import GenlSocket
+from ipvsproxy.netlink.kernel import PIPELINE_MIN
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
@@ -167,3 +177,25 @@ def test_the_unit_tests_ipvsadm_sample_is_what_real_ipvsadm_prints(kernel):
     observed = kernel.observe()
     expected = parse_save(sample.read_text())
     assert (observed.services, observed.dests) == (expected.services, expected.dests)
+
+
+def test_a_large_table_is_observed_through_the_pipelined_dumps(kernel):
+    """Enough services for the dumps to run in their own thread (PIPELINE_MIN), mixed
+    families and weights; a fresh kernel object (the first observation) and ipvsadm agree."""
+    ops: list[AddService | AddDest] = []
+    for n in range(PIPELINE_MIN + 40):
+        v6 = n % 7 == 0
+        address = ip_address(f"fd00:97::{n:x}" if v6 else f"10.97.{n // 250}.{n % 250 + 1}")
+        key = VSKey(address, 80, Proto.TCP)
+        ops.append(AddService(VirtualServer(key)))
+        for d in range(n % 4):
+            backend = ip_address(f"fd00:245::{n:x}:{d}" if v6 else f"10.245.{n % 250}.{d + 1}")
+            ops.append(AddDest(key, RealServer(RSKey(backend, 8080), weight=d)))
+    assert kernel.apply(ops).failures == ()
+    with NetlinkKernel() as fresh:
+        observed = fresh.observe()
+        again = fresh.observe()
+    saved = parse_save(ipvsadm_save())
+    assert (observed.services, observed.dests) == (saved.services, saved.dests)
+    assert len(observed.services) == PIPELINE_MIN + 40
+    assert again == observed
