@@ -68,9 +68,19 @@ def require(*, netns: bool = False) -> None:
 
 
 def clean_ipvs(device: str = "kube-ipvs0") -> None:
-    """The VM is throw-away: start every test from an empty IPVS table and no dummy device."""
+    """The VM is throw-away: start every test from an empty IPVS table, no dummy device, and
+    none of ipvsproxy's iptables chains or ipsets (an agent leaves its rules in place)."""
+    from ipvsproxy.companion.kernel import Companion
+    from ipvsproxy.iptables import IptablesKernel
+
     subprocess.run(["ipvsadm", "-C"], check=True)
     subprocess.run(["ip", "link", "del", device], capture_output=True, check=False)
+    companion = Companion()
+    companion.check()
+    companion.cleanup()
+    fallback = IptablesKernel()
+    fallback.check()
+    fallback.cleanup()
 
 
 @pytest.fixture

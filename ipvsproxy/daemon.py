@@ -75,6 +75,18 @@ class SyncPass:
             self._metrics.sync_error()
             self._retry(failed=True)
             return
+        # Metrics describe the IPVS table as soon as it is programmed (the companion rules,
+        # next, only add masquerading and filtering around it).
+        ipvs_seconds = self._clock() - started
+        report = result.report
+        self._metrics.synced(
+            seconds=ipvs_seconds,
+            plan=result.plan,
+            report=report,
+            state=result.state,
+            draining=result.draining,
+            triggers=snapshot.trigger_times,
+        )
         extra = CompanionResult()
         if self._companion is not None:
             options = options_for(self._config, node)
@@ -82,15 +94,6 @@ class SyncPass:
             if extra.error:
                 log.error("companion rules: %s", extra.error)
         seconds = self._clock() - started
-        report = result.report
-        self._metrics.synced(
-            seconds=seconds,
-            plan=result.plan,
-            report=report,
-            state=result.state,
-            draining=result.draining,
-            triggers=snapshot.trigger_times,
-        )
         if report.ok and not extra.error:
             self._health.updated()
         for failure in report.failures:
