@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import queue
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import groupby
@@ -37,8 +35,6 @@ from ipvsproxy.model import (
 from ipvsproxy.netlink import codec, fast
 from ipvsproxy.netlink.genl import GenlSocket, os_error
 from ipvsproxy.netlink.links import DummyDevice
-
-PIPELINE_MIN = 64  # services: below this, dumping in a second thread does not pay
 
 
 class NetlinkKernel:
@@ -74,53 +70,18 @@ class NetlinkKernel:
     def observe(self) -> IpvsState:
         services = self.services()
         self._decoder.start_round()
-        mapping = self._decoder.mapping
+        dump, mapping = self._genl.dump_raw, self._decoder.mapping
         # The first observation of a large table allocates tens of thousands of small objects
         # that all live on; the cyclic collector would scan them again and again while they
         # are built (none can be garbage: they hold no cycles). Paused for the dumps only.
         with _collector_paused():
             dests = {
-                key: mapping(chunks, codec.family_af(key))
-                for key, chunks in zip(services, self._dumps(list(services)), strict=True)
+                key: mapping(
+                    dump(codec.CMD_GET_DEST, fast.service_key_nest(key)), codec.family_af(key)
+                )
+                for key in services
             }
         return IpvsState(services, dests, self._device.addresses())
-
-    def _dumps(self, keys: list[VSKey]) -> Iterator[list[bytes]]:
-        """Each service's destination dump, in order.
-
-        For a large table the dumps run in a second thread while this one decodes: the
-        kernel builds a dump inside the send/recv system calls, which release the GIL, so
-        the kernel's work and Python's decoding overlap instead of taking turns (one dump
-        at a time either way: the kernel answers a second concurrent dump with EBUSY).
-        """
-        dump = self._genl.dump_raw
-        if len(keys) < PIPELINE_MIN:
-            for key in keys:
-                yield dump(codec.CMD_GET_DEST, fast.service_key_nest(key))
-            return
-        ready: queue.SimpleQueue[list[bytes] | BaseException] = queue.SimpleQueue()
-        stop = threading.Event()
-
-        def produce() -> None:
-            try:
-                for key in keys:
-                    if stop.is_set():
-                        return
-                    ready.put(dump(codec.CMD_GET_DEST, fast.service_key_nest(key)))
-            except BaseException as exc:  # handed to the consumer, raised there
-                ready.put(exc)
-
-        producer = threading.Thread(target=produce, name="ipvs-dumps", daemon=True)
-        producer.start()
-        try:
-            for _ in keys:
-                item = ready.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            producer.join()
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         """(active, inactive) connections per destination of a service."""
