@@ -77,6 +77,12 @@ def test_diff_in_sync_exits_0(tmp_path):
         (["--scheduler", "fastest"], "--scheduler: 'fastest' is not an IPVS scheduler"),
         (["--nodeport-addresses", "10.0.0.0/33"], "--nodeport-addresses: '10.0.0.0/33'"),
         (["--service-node-port-range", "3-2"], "--service-node-port-range"),
+        (["--cluster-cidr", "10.244.0.0/33"], "--cluster-cidr: '10.244.0.0/33'"),
+        (
+            ["--detect-local-mode", "InterfaceNamePrefix"],
+            "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",
+        ),
+        (["--detect-local-mode", "ClusterCIDR"], "ClusterCIDR needs --cluster-cidr"),
         (["--backend", "ipvs"], "IPVS"),  # no saved table: the live kernel, which lacks IPVS
     ],
 )
