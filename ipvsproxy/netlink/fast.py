@@ -131,6 +131,7 @@ def encode_ops(ops: Sequence[codec.IpvsOp]) -> list[tuple[int, bytes]]:
 
 _NLMSG = struct.Struct("=IHHII")
 _NLA = struct.Struct("=HH")
+_HEAD = struct.Struct("=Q")
 _DEST_OFFSET = 16 + 4 + 4  # nlmsghdr, genlmsghdr, CMD_ATTR_DEST nest header
 _PAYLOAD_FORMAT = {1: "B3x", 2: "H2x", 4: "I", 8: "Q", 16: "16s"}
 _WANTED = (
@@ -213,6 +214,10 @@ class DestDecoder:
         self._addresses: dict[bytes, IPAddress] = {}
         self._cache: dict[bytes, RealServer] = {}
         self._previous: dict[bytes, RealServer] = {}
+        # the fast path (see mapping()): one message's netlink header as a u64 (length,
+        # type, flags) and a struct cutting a message into that word and its settings bytes
+        self._head = 0
+        self._run_struct: struct.Struct | None = None
 
     def start_round(self) -> None:
         self._previous, self._cache = self._cache, {}
@@ -220,32 +225,104 @@ class DestDecoder:
     def mapping(self, chunks: Sequence[bytes], service_af: int) -> dict[RSKey, RealServer]:
         """The destinations of one service dump, by key: the hot path of observe().
 
-        Written as one loop with the cache look-up inline: this runs once per destination
-        of every service on every resync, and each Python call saved is measurable there.
+        The kernel sends a service's destinations as runs of equal-size messages (one
+        layout per kernel), so once the layout is learnt a datagram that is a whole number
+        of such messages (plus DONE) is cut up by one `struct.iter_unpack` in C, each
+        message yielding its netlink header and its settings bytes; those are checked
+        (header word, attribute headers under a mask) and decoded inline, with no Python
+        call per destination. Any other datagram, or message, goes the general way.
+        Measured natively, 10,000 destinations: 9.7 us each before this path, 4.2 us with it.
         """
         out: dict[RSKey, RealServer] = {}
+        for buf in chunks:
+            fast_path = self._fast_path(buf)
+            if fast_path is None:
+                self._messages(buf, 0, len(buf), service_af, out)
+            else:
+                self._run(buf, fast_path, service_af, out)
+        return out
+
+    def _fast_path(self, buf: bytes) -> int | None:
+        """Bytes of `buf` made of whole learnt-size messages (all but a final DONE)."""
+        run = self._run_struct
+        if run is None:
+            return None
+        size = len(buf)
+        if size >= 20 and _NLMSG.unpack_from(buf, size - 20)[1] == codec.NLMSG_DONE:
+            size -= 20
+        if size == 0 or size % run.size:
+            return None
+        return size
+
+    def _run(self, buf: bytes, size: int, af: int, out: dict[RSKey, RealServer]) -> None:
+        layout, run = self._layout, self._run_struct
+        assert layout is not None
+        assert layout.settings is not None
+        assert run is not None
+        head, step = self._head, run.size
+        mask, expected = layout.settings_mask, layout.settings_expected
+        unpack, pick = layout.settings.unpack, layout.settings_pick
+        previous, cache, addresses = self._previous, self._cache, self._addresses
+        v4, forward = af == socket.AF_INET, _FORWARD
+        for index, (word, raw) in enumerate(run.iter_unpack(memoryview(buf)[:size])):
+            rs = previous.get(raw) if word == head else None
+            if rs is None:
+                if word != head or int.from_bytes(raw, "little") & mask != expected:
+                    self._messages(buf, index * step, (index + 1) * step, af, out)
+                    continue
+                raw_addr, port, fwd, weight, upper, lower = pick(unpack(raw))
+                address = addresses.get(raw_addr)
+                if address is None:
+                    address = _ipv4(raw_addr) if v4 else IPv6Address(raw_addr)
+                    addresses[raw_addr] = address
+                if _LITTLE:  # PORT is big-endian on the wire, unpacked here in host order
+                    port = ((port & 0xFF) << 8) | (port >> 8)
+                # the same construction as _build(), inlined: this is the per-destination cost
+                key = _new(RSKey)
+                _rs_key_address(key, address)
+                _rs_key_port(key, port)
+                rs = _new(RealServer)
+                _rs_key(rs, key)
+                _rs_weight(rs, weight)
+                _rs_forward(rs, forward[fwd & 7])
+                _rs_upper(rs, upper)
+                _rs_lower(rs, lower)
+            cache[raw] = rs
+            out[rs.key] = rs
+
+    def _messages(
+        self, buf: bytes, offset: int, end: int, af: int, out: dict[RSKey, RealServer]
+    ) -> None:
+        """Messages of buf[offset:end] one by one; the first destination teaches the layout."""
         layout = self._layout
         settings_end = layout.settings_end if layout is not None else 0
-        previous, cache, unpack = self._previous, self._cache, _NLMSG.unpack_from
-        for buf in chunks:
-            offset, size = 0, len(buf)
-            while offset + 16 <= size:
-                length, kind, _, _, _ = unpack(buf, offset)
-                if kind >= codec.NLMSG_MIN_TYPE and length > _DEST_OFFSET:
-                    if settings_end:
-                        start = offset + _DEST_OFFSET
-                        raw = buf[start : start + settings_end]
-                        rs = previous.get(raw) or self._settings(raw, service_af)
-                        if rs is None:
-                            rs = self._one(buf, offset, length, service_af)[0]
-                        cache[raw] = rs
-                    else:  # no layout learnt yet: this one teaches it
-                        rs = self._one(buf, offset, length, service_af)[0]
+        while offset + 16 <= end:
+            length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
+            if kind >= codec.NLMSG_MIN_TYPE and length > _DEST_OFFSET:
+                rs = None
+                if settings_end:
+                    start = offset + _DEST_OFFSET
+                    raw = buf[start : start + settings_end]
+                    rs = self._previous.get(raw) or self._settings(raw, af)
+                    if rs is not None:
+                        self._cache[raw] = rs
+                if rs is None:
+                    rs = self._one(buf, offset, length, af)[0]
+                    if layout is None and self._layout is not None:
+                        self._learnt(buf, offset, length)
                         layout = self._layout
-                        settings_end = layout.settings_end if layout is not None else 0
-                    out[rs.key] = rs
-                offset += (length + 3) & ~3
-        return out
+                        settings_end = layout.settings_end
+                out[rs.key] = rs
+            offset += (length + 3) & ~3
+
+    def _learnt(self, buf: bytes, offset: int, length: int) -> None:
+        """Compiles the fast path from the message that taught the layout."""
+        layout = self._layout
+        if layout is None or layout.settings is None or length & 3:
+            return
+        self._head = _HEAD.unpack_from(buf, offset)[0]
+        settings, rest = layout.settings_end, length - _DEST_OFFSET - layout.settings_end
+        self._run_struct = struct.Struct(f"=Q{_DEST_OFFSET - 8}x{settings}s{rest}x")
 
     def decode(self, chunks: Sequence[bytes], service_af: int) -> list[DestEntry]:
         """Destinations with their (active, inactive) connection counts."""
@@ -320,13 +397,20 @@ def _slot(cls: type, name: str) -> Any:
 
 
 def _check_fields() -> None:
-    for cls, names in ((RSKey, ("address", "port")), (RealServer, _RS_FIELDS)):
+    for cls, names in (
+        (RSKey, ("address", "port")),
+        (RealServer, _RS_FIELDS),
+        (VSKey, _VS_KEY_FIELDS),
+        (VirtualServer, _VS_FIELDS),
+    ):
         actual = tuple(f.name for f in dataclasses.fields(cls))
         if actual != names:  # pragma: no cover
             raise ImportError(f"fast.py builds {cls.__name__}{names}, but it has {actual}")
 
 
 _RS_FIELDS = ("key", "weight", "forward", "upper_threshold", "lower_threshold")
+_VS_KEY_FIELDS = ("address", "port", "proto", "fwmark")
+_VS_FIELDS = ("key", "scheduler", "flags", "timeout_s")
 _check_fields()
 _rs_key_address, _rs_key_port = _slot(RSKey, "address"), _slot(RSKey, "port")
 _rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = (_slot(RealServer, n) for n in _RS_FIELDS)
@@ -433,24 +517,52 @@ class ServiceDecoder:
 
 
 def _build_service(buf: bytes, found: dict[int, tuple[int, int]]) -> VirtualServer:
+    """A VirtualServer from its attributes' (offset, size), built as _build() builds
+    destinations (slots, cached enums): a first observation meets every service once."""
     af = _U16.unpack_from(buf, found[codec.SVC_AF][0])[0]
     start, size = found[codec.SVC_SCHED_NAME]
     scheduler = _SCHEDULERS[bytes(buf[start : start + size]).rstrip(b"\0")]
-    flags = _FLAGS.unpack_from(buf, found[codec.SVC_FLAGS][0])[0] & ~ServiceFlags.HASHED
+    flags = _FLAGS.unpack_from(buf, found[codec.SVC_FLAGS][0])[0] & _NOT_HASHED
     timeout = _U32.unpack_from(buf, found[codec.SVC_TIMEOUT][0])[0]
     mark = _U32.unpack_from(buf, found[codec.SVC_FWMARK][0])[0] if codec.SVC_FWMARK in found else 0
+    key = _new(VSKey)
     if mark:
-        unspecified: IPAddress = IPv6Address(0) if af == socket.AF_INET6 else IPv4Address(0)
-        key = VSKey(unspecified, 0, Proto.TCP, fwmark=mark)
+        _vs_key_address(key, IPv6Address(0) if af == socket.AF_INET6 else IPv4Address(0))
+        _vs_key_port(key, 0)
+        _vs_key_proto(key, Proto.TCP)
     else:
         start = found[codec.SVC_ADDR][0]
         address = (
-            IPv4Address(buf[start : start + 4])
+            _ipv4(buf[start : start + 4])
             if af == socket.AF_INET
             else IPv6Address(buf[start : start + 16])
         )
-        port = int.from_bytes(buf[found[codec.SVC_PORT][0] : found[codec.SVC_PORT][0] + 2], "big")
-        proto = Proto(_U16.unpack_from(buf, found[codec.SVC_PROTOCOL][0])[0])
-        key = VSKey(address, port, proto)
-    persistent = flags & ServiceFlags.PERSISTENT
-    return VirtualServer(key, scheduler, ServiceFlags(flags), timeout if persistent else 0)
+        _vs_key_address(key, address)
+        _vs_key_port(
+            key, int.from_bytes(buf[found[codec.SVC_PORT][0] : found[codec.SVC_PORT][0] + 2], "big")
+        )
+        _vs_key_proto(key, _PROTOS[_U16.unpack_from(buf, found[codec.SVC_PROTOCOL][0])[0]])
+    _vs_key_fwmark(key, mark)
+    service_flags = _SERVICE_FLAGS.get(flags)
+    if service_flags is None:  # a flag this model does not name (IntFlag keeps it)
+        service_flags = ServiceFlags(flags)
+    vs = _new(VirtualServer)
+    _vs_key(vs, key)
+    _vs_scheduler(vs, scheduler)
+    _vs_flags(vs, service_flags)
+    _vs_timeout(vs, timeout if flags & _PERSISTENT else 0)
+    return vs
+
+
+_PROTOS = {int(p): p for p in Proto}
+_NOT_HASHED, _PERSISTENT = ~int(ServiceFlags.HASHED), int(ServiceFlags.PERSISTENT)
+# every combination of the named flags, made once: IntFlag's constructor is slow
+_SERVICE_FLAGS = {
+    value: ServiceFlags(value)
+    for value in range(int(sum(ServiceFlags)) + 1)
+    if not value & ~int(sum(ServiceFlags))
+}
+_vs_key_address, _vs_key_port, _vs_key_proto, _vs_key_fwmark = (
+    _slot(VSKey, n) for n in _VS_KEY_FIELDS
+)
+_vs_key, _vs_scheduler, _vs_flags, _vs_timeout = (_slot(VirtualServer, n) for n in _VS_FIELDS)

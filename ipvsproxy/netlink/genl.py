@@ -30,6 +30,7 @@ NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
 BATCH_BYTES = 256 * 1024
 RECV_BYTES = 1024 * 1024
 _HEADER = struct.Struct("=IHHII")
+_ERRNO = struct.Struct("=i")
 RCVBUF = 32 * 1024 * 1024
 SNDBUF = 8 * 1024 * 1024
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
@@ -129,30 +130,37 @@ class GenlSocket:
             raise KernelError(os_error(code))
 
     def dump_raw(self, cmd: int, attrs: bytes = b"") -> list[bytes]:
-        """The received buffers of a dump, each holding whole messages (the last: DONE)."""
+        """The received datagrams of a dump, each holding whole messages (the last: DONE).
+
+        A dump is one request and at least two datagrams (the data, then DONE: the kernel
+        sends what a dump callback wrote before calling it again). observe() runs one dump
+        per service, so this loop looks at two headers per datagram, never at every message:
+        the last 20 bytes (DONE, whose payload is 0 or the dump's -errno) and the first
+        (an NLMSG_ERROR when the kernel refused the request itself).
+        """
         seq = self._next_seq()
         flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
         self._sock.send(codec.message(self.family, cmd, attrs, seq=seq, flags=flags))
         chunks = []
-        # DONE's length, type, flags and sequence number (its port id is not compared)
-        done = _HEADER.pack(20, codec.NLMSG_DONE, codec.NLM_F_MULTI, seq, 0)[:12]
+        view, recv_into, unpack = memoryview(self._recv), self._sock.recv_into, _HEADER.unpack_from
         while True:
-            data = self._sock.recv(RECV_BYTES)
+            size = recv_into(view)
+            data = bytes(view[:size])
             chunks.append(data)
-            size = len(data)
-            # The kernel ends a dump's last datagram with DONE (20 bytes: header and an int):
-            # check the tail before walking every header.
-            if size >= 20 and data[size - 20 : size - 8] == done:
-                return chunks
-            offset = 0
-            while offset + 16 <= size:
-                length, kind, _, got_seq, _ = _HEADER.unpack_from(data, offset)
-                if got_seq == seq and kind == codec.NLMSG_DONE:
+            if size >= 20:
+                length, kind, _, got_seq, _ = unpack(data, size - 20)
+                if length == 20 and kind == codec.NLMSG_DONE and got_seq == seq:
+                    code = -_ERRNO.unpack_from(data, size - 4)[0]
+                    if code > 0:
+                        raise KernelError(f"dump failed: {os_error(code)}")
                     return chunks
-                if got_seq == seq and kind == codec.NLMSG_ERROR:
-                    code = codec.error_code(memoryview(data)[offset + 16 : offset + length])
-                    raise KernelError(f"dump failed: {os_error(code)}")
-                offset += (length + 3) & ~3
+            if size >= 20:
+                length, kind, _, got_seq, _ = unpack(data, 0)
+                if got_seq == seq and kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE):
+                    code = codec.error_code(memoryview(data)[16:length])
+                    if code > 0:
+                        raise KernelError(f"dump failed: {os_error(code)}")
+                    return chunks
 
 
 def _chunks(requests: Sequence[tuple[int, bytes]], limit: int) -> list[list[int]]:

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import socket
 import struct
+from ipaddress import ip_address
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.model import AddDest, AddService, DeleteDest, DeleteService, RealServer, UpdateDest
+from ipvsproxy.model import (
+    AddDest,
+    AddService,
+    DeleteDest,
+    DeleteService,
+    RealServer,
+    RSKey,
+    UpdateDest,
+)
 from ipvsproxy.netlink import codec, fast
 from tests.strategies import real_servers, virtual_servers
 
@@ -40,12 +49,20 @@ def u32(kind: int, value: int) -> bytes:
 
 
 def kernel_dest(rs: RealServer, *, layout: str, active: int = 0, inactive: int = 0) -> bytes:
-    """A dumped destination as a kernel fills it: 6.1 (tunnel attributes, family) or 4.19."""
+    """A dumped destination as a kernel fills it: 6.1 (tunnel attributes, family) or 4.19.
+
+    "swapped" is 6.1 with weight before forwarding method: a layout of the same size that
+    no decoder may take for the learnt one.
+    """
     af = socket.AF_INET6 if rs.key.address.version == 6 else socket.AF_INET
     head = codec.nla(codec.DEST_ADDR, rs.key.address.packed.ljust(16, b"\0")) + codec.nla(
         codec.DEST_PORT, struct.pack("!H", rs.key.port)
     )
-    head += u32(codec.DEST_FWD_METHOD, rs.forward) + u32(codec.DEST_WEIGHT, rs.weight)
+    pair = [u32(codec.DEST_FWD_METHOD, rs.forward), u32(codec.DEST_WEIGHT, rs.weight)]
+    if layout == "swapped":
+        layout = "6.1"
+        pair.reverse()
+    head += b"".join(pair)
     if layout == "6.1":
         head += codec.nla(13, b"\0") + codec.nla(14, b"\0\0") + codec.nla(15, b"\0\0")
     head += u32(codec.DEST_U_THRESH, rs.upper_threshold) + u32(
@@ -105,6 +122,7 @@ def test_dest_decoder_equals_the_reference_whatever_the_layout(version, data, la
 )
 def test_mapping_equals_the_reference_whatever_the_layout(version, data, layouts):
     """A first observation decodes settings bytes alone; a foreign layout falls back."""
+    layouts = [data.draw(st.sampled_from(["6.1", "4.19", "swapped"])) for _ in layouts]
     rss = data.draw(
         st.lists(
             real_servers(version, st.sampled_from(list(range(4))).map(_forward)),
@@ -114,10 +132,20 @@ def test_mapping_equals_the_reference_whatever_the_layout(version, data, layouts
         )
     )
     af = socket.AF_INET6 if version == 6 else socket.AF_INET
-    chunk = b"".join(kernel_dest(rs, layout=lay) for rs, lay in zip(rss, layouts, strict=True))
+    messages = [kernel_dest(rs, layout=lay) for rs, lay in zip(rss, layouts, strict=True)]
     decoder = fast.DestDecoder()
     decoder.start_round()
-    assert decoder.mapping([chunk + DONE], af) == {rs.key: rs for rs in rss}
+    if data.draw(st.booleans(), label="layout learnt before"):
+        teacher = RealServer(RSKey(ip_address("192.0.2.1" if version == 4 else "2001:db8::1"), 1))
+        assert decoder.mapping([kernel_dest(teacher, layout="6.1") + DONE], af) == {
+            teacher.key: teacher
+        }
+    # cut into datagrams as the kernel may: runs of whole messages, DONE at the end
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(messages)), max_size=3)))
+    bounds = [0, *cuts, len(messages)]
+    chunks = [b"".join(messages[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    chunks[-1] += DONE
+    assert decoder.mapping(chunks, af) == {rs.key: rs for rs in rss}
 
 
 def _forward(n: int):
