@@ -197,3 +197,8 @@ def test_provisioning_scripts_pass_shellcheck_and_skip_kube_proxy():
         "--skip-phases addon/kube-proxy"
         in (ROOT / "integration/vagrant/control-plane.sh").read_text()
     )
+
+
+def test_the_projects_own_scripts_pass_shellcheck():
+    scripts = [ROOT / ".ci/run", *(p for p in (ROOT / "scripts").iterdir() if p.suffix != ".py")]
+    check(tool("shellcheck"), "-x", *map(str, scripts))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from ipaddress import ip_address
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.model import (
@@ -94,3 +96,16 @@ def test_keys_of_both_families_sort_ipv4_first():
 def test_parse_host_port_rejects(text):
     with pytest.raises(ValueError):  # noqa: PT011
         parse_host_port(text)
+
+
+@given(st.sampled_from(["10.0.0.1", "10.0.0.2", "::a00:1", "2001:db8::1"]), st.integers(0, 2))
+def test_equal_destination_keys_hash_equal_and_others_stay_apart(address, port):
+    key = RSKey(ip_address(address), port)
+    same = RSKey(ip_address(address), port)
+    assert key == same
+    assert hash(key) == hash(same)
+    # ::a00:1 and 10.0.0.1 share an integer (and a hash): a dict still tells them apart
+    table = {RSKey(ip_address(a), p): (a, p) for a in ("10.0.0.1", "::a00:1") for p in range(3)}
+    assert len(table) == 6
+    if key in table:
+        assert table[key] == (address, port)
