@@ -30,6 +30,7 @@ NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
 BATCH_BYTES = 256 * 1024
 RECV_BYTES = 1024 * 1024
 _HEADER = struct.Struct("=IHHII")
+_REQUEST = struct.Struct("=IHHIIBBH")  # nlmsghdr and genlmsghdr
 _ERRNO = struct.Struct("=i")
 RCVBUF = 32 * 1024 * 1024
 SNDBUF = 8 * 1024 * 1024
@@ -104,23 +105,46 @@ class GenlSocket:
                     return out
 
     def batch(self, requests: Sequence[tuple[int, bytes]]) -> list[int]:
-        """Send (command, attributes) requests in order; the errno of each (0 = done)."""
+        """Send (command, attributes) requests in order; the errno of each (0 = done).
+
+        Each send carries up to BATCH_BYTES of requests with consecutive sequence numbers,
+        the last one asking for an ack; an error's sequence number gives its request's
+        position. One loop with the header packed inline: a cold sync sends 10,000s.
+        """
         results = [0] * len(requests)
-        for chunk in _chunks(requests, BATCH_BYTES):
-            seqs: dict[int, int] = {}
-            parts = []
-            for n, index in enumerate(chunk):
+        family, pack, total = self.family, _REQUEST.pack, len(requests)
+        request, request_ack = codec.NLM_F_REQUEST, codec.NLM_F_REQUEST | codec.NLM_F_ACK
+        start = 0
+        while start < total:
+            parts: list[bytes] = []
+            size, index, seq = 0, start, self._seq
+            first = (seq + 1) & 0xFFFFFFFF or 1
+            while index < total:
                 cmd, attrs = requests[index]
-                seq = self._next_seq()
-                seqs[seq] = index
-                ack = codec.NLM_F_ACK if n == len(chunk) - 1 else 0
-                parts.append(
-                    codec.message(self.family, cmd, attrs, seq=seq, flags=codec.NLM_F_REQUEST | ack)
-                )
+                length = _REQUEST.size + len(attrs)
+                if parts and size + length > BATCH_BYTES:
+                    break
+                seq = (seq + 1) & 0xFFFFFFFF or 1  # 0 is never a request's sequence number
+                parts.append(pack(length, family, request, seq, 0, cmd, codec.IPVS_GENL_VERSION, 0))
+                parts.append(attrs)
+                size += (length + 3) & ~3
+                index += 1
+            cmd, attrs = requests[index - 1]  # the last asks for the ack that ends the batch
+            parts[-2] = pack(
+                _REQUEST.size + len(attrs), family, request_ack, seq, 0, cmd,
+                codec.IPVS_GENL_VERSION, 0,
+            )  # fmt: skip
+            self._seq = seq
             self._sock.send(b"".join(parts))
-            for kind, _, seq, payload in self._replies(self._seq):
-                if kind == codec.NLMSG_ERROR and seq in seqs:
-                    results[seqs[seq]] = codec.error_code(payload)
+            count = index - start
+            for kind, _, got, payload in self._replies(seq):
+                if kind == codec.NLMSG_ERROR:
+                    offset = (got - first) & 0xFFFFFFFF
+                    if got < first:
+                        offset -= 1  # the numbers wrapped past 0, which is skipped
+                    if 0 <= offset < count:
+                        results[start + offset] = codec.error_code(payload)
+            start = index
         return results
 
     def request(self, cmd: int, attrs: bytes) -> None:
@@ -161,20 +185,6 @@ class GenlSocket:
                     if code > 0:
                         raise KernelError(f"dump failed: {os_error(code)}")
                     return chunks
-
-
-def _chunks(requests: Sequence[tuple[int, bytes]], limit: int) -> list[list[int]]:
-    """Indices of requests grouped so each group's messages fit in about `limit` bytes."""
-    chunks: list[list[int]] = [[]]
-    size = 0
-    for index, (_, attrs) in enumerate(requests):
-        length = len(attrs) + 20
-        if chunks[-1] and size + length > limit:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(index)
-        size += length
-    return [c for c in chunks if c]
 
 
 def os_error(code: int) -> str:

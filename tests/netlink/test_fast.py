@@ -17,6 +17,7 @@ from ipvsproxy.model import (
     RealServer,
     RSKey,
     UpdateDest,
+    UpdateService,
 )
 from ipvsproxy.netlink import codec, fast
 from tests.strategies import real_servers, virtual_servers
@@ -28,11 +29,13 @@ FORWARDS = st.sampled_from([0, 1, 2, 3])
 def dest_ops(draw):
     vs = draw(virtual_servers())
     rs = draw(real_servers(vs.key.address.version))
-    kind = draw(st.sampled_from([AddDest, UpdateDest, DeleteDest, AddService, DeleteService]))
+    kind = draw(
+        st.sampled_from([AddDest, UpdateDest, DeleteDest, AddService, UpdateService, DeleteService])
+    )
     if kind is DeleteDest:
         return DeleteDest(vs.key, rs.key)
-    if kind is AddService:
-        return AddService(vs)
+    if kind in (AddService, UpdateService):
+        return kind(vs)
     if kind is DeleteService:
         return DeleteService(vs.key)
     return kind(vs.key, rs)

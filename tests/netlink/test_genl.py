@@ -6,9 +6,12 @@ import socket
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.netlink import codec
+from ipvsproxy.netlink import genl as genl_module
 from ipvsproxy.netlink.genl import GenlSocket
 
 
@@ -67,3 +70,50 @@ def test_a_refused_dump_and_a_failed_dump_are_errors(scripted):
     # DONE carries the dump's -errno
     with pytest.raises(KernelError, match="EMSGSIZE"):
         scripted(data(1, 2), done(1, 90)).dump_raw(codec.CMD_GET_DEST)
+
+
+class ScriptedKernel:
+    """A socket that answers each sent batch like the kernel: an NLMSG_ERROR for every
+    refused request (by its position in `refuse`), then the ack the last one asked for."""
+
+    def __init__(self, refuse: dict[int, int]) -> None:
+        self.refuse, self.seen, self.sends, self._queue = refuse, 0, [], []
+
+    def send(self, data: bytes) -> int:
+        self.sends.append(data)
+        replies = []
+        for kind, flags, seq, _ in codec.messages(data):
+            assert kind == 0x20
+            assert flags & codec.NLM_F_REQUEST
+            code = self.refuse.get(self.seen, 0)
+            self.seen += 1
+            if code or flags & codec.NLM_F_ACK:
+                replies.append(error(seq, code))
+        self._queue.append(b"".join(replies))
+        return len(data)
+
+    def recv_into(self, buf: bytearray) -> int:
+        data = self._queue.pop(0)
+        buf[: len(data)] = data
+        return len(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, 3000),
+    start=st.sampled_from([0, 7, 0xFFFFFFFF - 5, 0xFFFFFFFE]),  # incl. wrapping past 0
+    data=st.data(),
+)
+def test_every_refusal_maps_back_to_its_request_across_sends(count, start, data):
+    refuse = data.draw(st.dictionaries(st.integers(0, count - 1), st.sampled_from([2, 3, 17])))
+    kernel = ScriptedKernel(refuse)
+    genl = GenlSocket.__new__(GenlSocket)
+    genl._sock, genl._seq, genl._recv, genl.family = kernel, start, bytearray(65536), 0x20
+    requests = [(codec.CMD_NEW_DEST, struct.pack("=HHI", 8, 1, i) * 20) for i in range(count)]
+    assert genl.batch(requests) == [refuse.get(i, 0) for i in range(count)]
+    assert kernel.seen == count
+    assert all(len(sent) <= genl_module.BATCH_BYTES for sent in kernel.sends)
+    assert len(kernel.sends) == -(-count * 180 // genl_module.BATCH_BYTES)  # full sends
+    seqs = [seq for sent in kernel.sends for _, _, seq, _ in codec.messages(sent)]
+    assert 0 not in seqs
+    assert len(set(seqs)) == count
