@@ -69,18 +69,34 @@ def require(*, netns: bool = False) -> None:
 
 def clean_ipvs(device: str = "kube-ipvs0") -> None:
     """The VM is throw-away: start every test from an empty IPVS table, no dummy device, and
-    none of ipvsproxy's iptables chains or ipsets (an agent leaves its rules in place)."""
+    none of ipvsproxy's iptables chains or ipsets (an agent leaves its rules in place).
+
+    Runs twice per test, and every process costs a lot under emulation: look first
+    (/proc, /sys and one save per tool), clean only what is there.
+    """
+    from ipvsproxy.companion import rules as companion_rules
+    from ipvsproxy.companion import sets as companion_sets
     from ipvsproxy.companion.kernel import Companion
     from ipvsproxy.iptables import IptablesKernel
+    from ipvsproxy.iptables import rules as fallback_rules
 
-    subprocess.run(["ipvsadm", "-C"], check=True)
-    subprocess.run(["ip", "link", "del", device], capture_output=True, check=False)
-    companion = Companion()
-    companion.check()
-    companion.cleanup()
-    fallback = IptablesKernel()
-    fallback.check()
-    fallback.cleanup()
+    services = Path("/proc/net/ip_vs").read_text().splitlines()[3:]  # after 3 header lines
+    if services:
+        subprocess.run(["ipvsadm", "-C"], check=True)
+    if Path(f"/sys/class/net/{device}").exists():
+        subprocess.run(["ip", "link", "del", device], capture_output=True, check=False)
+    seen = "".join(
+        subprocess.run(command, capture_output=True, text=True, check=False).stdout
+        for command in (["iptables-save"], ["ip6tables-save"], ["ipset", "list", "-n"])
+    )
+    ours = (companion_rules.PREFIX, companion_sets.SET_PREFIX, fallback_rules.PREFIX)
+    if any(prefix in seen for prefix in ours):
+        companion = Companion()
+        companion.check()
+        companion.cleanup()
+        fallback = IptablesKernel()
+        fallback.check()
+        fallback.cleanup()
 
 
 @pytest.fixture

@@ -77,7 +77,9 @@ class ScriptedKernel:
     refused request (by its position in `refuse`), then the ack the last one asked for."""
 
     def __init__(self, refuse: dict[int, int]) -> None:
-        self.refuse, self.seen, self.sends, self._queue = refuse, 0, [], []
+        self.refuse, self.seen = refuse, 0
+        self.sends: list[bytes] = []
+        self._queue: list[bytes] = []
 
     def send(self, data: bytes) -> int:
         self.sends.append(data)
@@ -108,7 +110,8 @@ def test_every_refusal_maps_back_to_its_request_across_sends(count, start, data)
     refuse = data.draw(st.dictionaries(st.integers(0, count - 1), st.sampled_from([2, 3, 17])))
     kernel = ScriptedKernel(refuse)
     genl = GenlSocket.__new__(GenlSocket)
-    genl._sock, genl._seq, genl._recv, genl.family = kernel, start, bytearray(65536), 0x20
+    genl._sock = kernel  # type: ignore[assignment]
+    genl._seq, genl._recv, genl.family = start, bytearray(65536), 0x20
     requests = [(codec.CMD_NEW_DEST, struct.pack("=HHI", 8, 1, i) * 20) for i in range(count)]
     assert genl.batch(requests) == [refuse.get(i, 0) for i in range(count)]
     assert kernel.seen == count
