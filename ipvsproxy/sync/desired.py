@@ -66,6 +66,9 @@ class Desired:
     origins: Mapping[VSKey, str] = field(default_factory=dict)  # "ns/name:port"
     warnings: tuple[str, ...] = ()
     access: Mapping[VSKey, Access] = field(default_factory=dict)
+    # addresses of the endpoints on this node that serve some virtual server (the hairpin
+    # set holds only these: kube-proxy's LOOP-BACK rule)
+    local_endpoints: frozenset[IPAddress] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,12 @@ def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desi
         node = NodeView(config.node_name)
     desired = desired_state(parsed.services, parsed.slices, node, config)
     all_warnings = (*warnings, *desired.warnings)
-    return Desired(desired.state, desired.origins, all_warnings, desired.access), node
+    return (
+        Desired(
+            desired.state, desired.origins, all_warnings, desired.access, desired.local_endpoints
+        ),
+        node,
+    )
 
 
 def desired_state(
@@ -128,6 +136,7 @@ def desired_state(
                 )
                 origin = f"{svc.ref}:{port.name or port.port}"
                 out.add(vs, rss, bind=front.bind, origin=origin, access=access)
+                out.local.update(ep.address for ep, _ in backends if ep.node_name == node.name)
     return out.build()
 
 
@@ -200,6 +209,7 @@ class _Builder:
         self.origins: dict[VSKey, str] = {}
         self.access: dict[VSKey, Access] = {}
         self.warnings: list[str] = []
+        self.local: set[IPAddress] = set()
 
     def add(
         self,
@@ -224,4 +234,6 @@ class _Builder:
 
     def build(self) -> Desired:
         state = IpvsState(self.services, self.dests, frozenset(self.bound))
-        return Desired(state, self.origins, tuple(self.warnings), self.access)
+        return Desired(
+            state, self.origins, tuple(self.warnings), self.access, frozenset(self.local)
+        )
