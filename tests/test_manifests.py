@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-import pytest
+import json
 
-from ipvsproxy import manifests
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from ipvsproxy import cli, manifests
 from ipvsproxy.errors import ConfigError
 
 
@@ -43,3 +47,117 @@ def test_bad_files_name_the_file(tmp_path, text, fragment):
 def test_missing_path(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         manifests.load([tmp_path / "nope"])
+
+
+def names(objects):
+    return [(o["kind"], o["metadata"]["name"]) for o in objects]
+
+
+@pytest.mark.parametrize(
+    ("doc", "want"),
+    [
+        ({"kind": "Service", "metadata": {"name": "a"}}, [("Service", "a")]),
+        (
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {"kind": "Service", "metadata": {"name": "a"}},
+                    {"kind": "EndpointSlice", "metadata": {"name": "a-x"}},
+                ],
+            },
+            [("Service", "a"), ("EndpointSlice", "a-x")],
+        ),
+        (
+            {"kind": "EndpointSliceList", "items": [{"metadata": {"name": "s"}}]},
+            [("EndpointSlice", "s")],
+        ),
+        (None, []),
+    ],
+)
+def test_json_files_are_read_as_json_with_the_same_meaning(tmp_path, doc, want):
+    path = tmp_path / "objects.json"
+    path.write_text(json.dumps(doc, indent=1))
+    assert names(manifests.load([path])) == want
+    yaml_path = tmp_path / "objects.yaml"  # the same document as YAML reads the same
+    yaml_path.write_text(yaml.safe_dump(doc))
+    assert names(manifests.load([yaml_path])) == want
+
+
+def test_json_is_not_parsed_as_yaml(tmp_path, monkeypatch):
+    def no_yaml(*args, **kwargs):
+        raise AssertionError("YAML parser used for a .json file")
+
+    monkeypatch.setattr(yaml, "load_all", no_yaml)
+    path = tmp_path / "s.json"
+    path.write_text('\ufeff{"kind": "Service", "metadata": {"name": "a"}}')  # a BOM too
+    assert names(manifests.load([path])) == [("Service", "a")]
+
+
+def test_yaml_uses_libyaml_when_present():
+    if yaml.__with_libyaml__:
+        assert manifests.YAML_LOADER is yaml.CSafeLoader
+    else:
+        assert manifests.YAML_LOADER is yaml.SafeLoader
+
+
+def test_pure_python_loader_reads_the_same(tmp_path, monkeypatch):
+    path = tmp_path / "a.yaml"
+    path.write_text(
+        "kind: Service\nmetadata: {name: a, labels: {x: 'on'}}\nspec: {ports: [{port: 080}]}\n"
+        "---\nkind: List\nitems:\n- {kind: Node, metadata: {name: n}}\n"
+    )
+    fast = manifests.load([path])
+    monkeypatch.setattr(manifests, "YAML_LOADER", yaml.SafeLoader)
+    assert manifests.load([path]) == fast
+    # YAML 1.1 as PyYAML reads it either way: 'on' quoted stays a string, 080 is a number
+    assert fast[0]["metadata"]["labels"] == {"x": "on"}
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("bad.json", b'{"kind": "Service",', "invalid JSON"),
+        ("bad.json", b"kind: Service\n", "invalid JSON"),  # YAML in a .json file
+        ("bad.json", b"", "invalid JSON"),
+        ("bad.json", b'[{"kind": "Service"}]', "not a Kubernetes object"),
+        ("bad.json", b'{"kind": "List", "items": {"a": 1}}', "not a list"),
+        ("bad.json", b'{"kind": "List", "items": [3]}', "not an object"),
+        ("bad.json", b"[" * 100_000, "invalid JSON"),
+        ("bad.json", b"\xff\xfe{}", "cannot read"),
+        ("bad.yaml", b"\xff\xfekind: x", "cannot read"),
+        ("bad.yaml", b"[" * 100_000 + b"]" * 100_000, "nested deeper than 1000"),
+        ("bad.yaml", b"a:\n" + b"- " * 100_000 + b"x\n", "nested deeper than 1000"),
+        ("bad.yaml", b"a: [1, 2\n", "invalid YAML"),
+    ],
+)
+def test_bad_files_give_one_clear_error(tmp_path, name, content, fragment):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=fragment) as info:
+        manifests.load([path])
+    assert str(info.value).startswith(f"{path}: ")
+    assert "\n" not in str(info.value)
+
+
+def test_a_directory_named_like_a_manifest_is_walked_not_read(tmp_path):
+    (tmp_path / "d.yaml").mkdir()
+    (tmp_path / "d.yaml" / "s.json").write_text('{"kind": "Service", "metadata": {"name": "a"}}')
+    assert names(manifests.load([tmp_path / "d.yaml"])) == [("Service", "a")]
+
+
+def test_nesting_up_to_the_limit_is_read(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("kind: Service\nmetadata: {name: a}\nx: " + "[" * 990 + "]" * 990 + "\n")
+    assert names(manifests.load([path])) == [("Service", "a")]
+
+
+def test_cli_reports_a_bad_json_file_in_one_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{oops}")
+    result = CliRunner().invoke(
+        cli.main, ["diff", "--manifests", str(path), "--kernel-state", str(path)]
+    )
+    assert result.exit_code == 2
+    assert result.output.startswith(f"ipvsproxy: error: {path}: invalid JSON: ")
+    assert "Traceback" not in result.output
