@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from ipaddress import IPv4Address
+from typing import Any
 
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.schedulers import Scheduler
@@ -51,3 +52,171 @@ def timed(fn: Callable[[], object]) -> float:
 
 def median(fn: Callable[[], float], repeat: int) -> float:
     return statistics.median(fn() for _ in range(repeat))
+
+
+# ---- a realistic cluster, as the API serves it (bench/whole_path.py) -------------------------
+
+BENCH_NODE = "node-0"  # the node the agent runs as; endpoints are spread over NODES nodes
+NODES = 5
+POD_NETWORK = "10.128.0.0/9"  # node k's pods are in 10.(128+k).0.0/16
+TWO_PORTS_EVERY = 10  # service i with i % 10 == 3 also serves https (443 -> 8443)
+NODE_PORT_EVERY = 10  # service i with i % 10 == 5 is a NodePort (30000 + i // 10)
+NAMESPACES = 20
+
+RawObject = dict[str, Any]
+
+
+def node_ip(k: int) -> str:
+    return str(IPv4Address(0xC0A8000A + k))  # 192.168.0.10 + k
+
+
+def cluster_ip(i: int) -> str:
+    return str(IPv4Address(0x0A600010 + i))  # 10.96.0.16 + i, inside 10.96.0.0/16
+
+
+def pod_ip(g: int) -> str:
+    """The g-th pod of the cluster, on node g % NODES."""
+    k, index = g % NODES, g // NODES
+    return str(IPv4Address(0x0A800000 + (k << 16) + 2 + index))
+
+
+def _meta(name: str, namespace: str | None, uid: int, manager: str, **extra: Any) -> RawObject:
+    meta: RawObject = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta.update(
+        uid=f"00000000-0000-4000-8000-{uid:012x}",
+        resourceVersion=str(1000 + uid),
+        creationTimestamp="2026-11-01T12:00:00Z",
+        **extra,
+        # what a real API server sends and ipvsproxy never reads
+        managedFields=[
+            {
+                "manager": manager,
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": "2026-11-01T12:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}, "f:spec": {}},
+            }
+        ],
+    )
+    return meta
+
+
+def _service(i: int) -> RawObject:
+    name, ns = f"svc-{i}", f"ns-{i % NAMESPACES}"
+    ports: list[RawObject] = [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+    if i % TWO_PORTS_EVERY == 3:
+        ports.append({"name": "https", "port": 443, "protocol": "TCP", "targetPort": 8443})
+    spec: RawObject = {
+        "clusterIP": cluster_ip(i),
+        "clusterIPs": [cluster_ip(i)],
+        "internalTrafficPolicy": "Cluster",
+        "ipFamilies": ["IPv4"],
+        "ipFamilyPolicy": "SingleStack",
+        "ports": ports,
+        "selector": {"app": name},
+        "sessionAffinity": "None",
+        "type": "ClusterIP",
+    }
+    if i % NODE_PORT_EVERY == 5:
+        spec.update(type="NodePort", externalTrafficPolicy="Cluster")
+        for n, p in enumerate(ports):
+            p["nodePort"] = 30000 + 2 * (i // NODE_PORT_EVERY) + n
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(
+            name, ns, 2 * i, "kube-controller-manager", labels={"app": name}, annotations={}
+        ),
+        "spec": spec,
+        "status": {"loadBalancer": {}},
+    }
+
+
+def _slice(i: int, dests: int, first_pod: int) -> RawObject:
+    name, ns = f"svc-{i}", f"ns-{i % NAMESPACES}"
+    ports = [{"name": "http", "port": 8080, "protocol": "TCP"}]
+    if i % TWO_PORTS_EVERY == 3:
+        ports.append({"name": "https", "port": 8443, "protocol": "TCP"})
+    endpoints = []
+    for j in range(dests):
+        g = first_pod + j
+        endpoints.append(
+            {
+                "addresses": [pod_ip(g)],
+                "conditions": {"ready": True, "serving": True, "terminating": False},
+                "nodeName": f"node-{g % NODES}",
+                "targetRef": {
+                    "kind": "Pod",
+                    "namespace": ns,
+                    "name": f"{name}-{j:05x}",
+                    "uid": f"00000000-0000-4000-9000-{g:012x}",
+                },
+                "zone": f"zone-{g % NODES % 3}",
+            }
+        )
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": _meta(
+            f"{name}-{i:05x}",
+            ns,
+            2 * i + 1,
+            "endpointslice-controller",
+            generateName=f"{name}-",
+            labels={
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
+            ownerReferences=[
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "name": name,
+                    "uid": f"00000000-0000-4000-8000-{2 * i:012x}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        ),
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": ports,
+    }
+
+
+def cluster_node(k: int) -> RawObject:
+    subnet = f"10.{128 + k}.0.0/16"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": _meta(f"node-{k}", None, 1 << 40 | k, "kubelet"),
+        "spec": {"podCIDR": subnet, "podCIDRs": [subnet]},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": node_ip(k)},
+                {"type": "Hostname", "address": f"node-{k}"},
+            ]
+        },
+    }
+
+
+def cluster(services: int, dests: int) -> list[RawObject]:
+    """Nodes, Services and EndpointSlices of a cluster: `services` Services with one slice of
+    `dests` ready endpoints each, spread over NODES nodes (BENCH_NODE among them); one in ten
+    Services has a second port and one in ten is a NodePort."""
+    objects = [cluster_node(k) for k in range(NODES)]
+    for i in range(services):
+        objects.append(_service(i))
+        objects.append(_slice(i, dests, i * dests))
+    return objects
+
+
+def expected_counts(services: int, dests: int) -> tuple[int, int]:
+    """(virtual servers, real servers) that `cluster(services, dests)` translates to."""
+    two_ports = sum(1 for i in range(services) if i % TWO_PORTS_EVERY == 3)
+    node_ports = sum(1 for i in range(services) if i % NODE_PORT_EVERY == 5)
+    vss = services + two_ports + node_ports  # one node address per NodePort
+    return vss, vss * dests
