@@ -1,9 +1,12 @@
 """The companion rules and ipsets on the live host: observe, plan, apply, clean up.
 
-Owns: `Companion` (reads ipvsproxy's sets with `ipset save` and its chains with
-`iptables-save`, writes set changes as one `ipset restore` batch and chain changes as one
+Owns: `Companion` (reads ipvsproxy's sets by name: `ipset list -n`, then one `ipset restore`
+of `save NAME` lines for the `IPVSPROXY-*` ones only, never other agents' sets; its chains with
+`iptables-save`; writes set changes as one `ipset restore` batch and chain changes as one
 `iptables-restore --noflush` transaction per family and table), `plan_companion()` (pure:
-observed vs wanted -> `CompanionPlan`, with its description for `diff`).
+observed vs wanted -> `CompanionPlan`, with its description for `diff`), and
+`Companion.write_sets()`, the incremental path's only host access: one `ipset restore` of
+changes a `SetIndex` computed, without observing anything.
 
 Why the ipset tool and not pyroute2: pyroute2's IPSet sends one netlink request per entry
 (and its API for `ip,port` entries with a protocol is awkward); `ipset restore` sends the
@@ -19,17 +22,37 @@ errors, the standard library.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ipvsproxy.companion.ipset import (
+    BULK,
+    DEFAULT_MAXELEM,
+    SetChange,
+    ipset_script,
+    maxelem_for,
+    parse_ipset_save,
+    parse_names,
+    save_script,
+    too_small,
+)
 from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
-from ipvsproxy.companion.sets import SET_PREFIX, SetState
+from ipvsproxy.companion.sets import SetState
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables.kernel import TOOLS, Commands
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
 
-BULK = 64  # more changes than this to one set: build a temporary set and swap it in
+__all__ = [
+    "BULK",
+    "Companion",
+    "CompanionPlan",
+    "Observed",
+    "SetChange",
+    "ipset_script",
+    "parse_ipset_save",
+    "plan_companion",
+]
 JUMPS = {"nat": NAT_JUMPS, "filter": FILTER_JUMPS}
 TABLES = ("nat", "filter")
 
@@ -38,21 +61,6 @@ TABLES = ("nat", "filter")
 class Observed:
     sets: SetState
     chains: Mapping[tuple[int, str], Saved]  # (IP version, table) -> ipvsproxy's chains
-
-
-@dataclass(frozen=True, slots=True)
-class SetChange:
-    name: str
-    kind: str
-    version: int
-    create: bool = False
-    add: tuple[str, ...] = ()
-    delete: tuple[str, ...] = ()
-    wanted: frozenset[str] = frozenset()  # all entries, for a swap
-
-    @property
-    def swap(self) -> bool:
-        return len(self.add) + len(self.delete) > BULK
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,9 @@ class CompanionPlan:
         for change in self.sets:
             if change.create:
                 out.append(("+", f"ipset create {change.name} {change.kind}"))
+            elif change.rebuild:
+                size = maxelem_for(len(change.wanted))
+                out.append(("~", f"ipset rebuild {change.name} maxelem {size}"))
             out += [("+", f"ipset add {change.name} {entry}") for entry in change.add]
             out += [("-", f"ipset del {change.name} {entry}") for entry in change.delete]
         for version, table, payload in self.restores:
@@ -97,8 +108,13 @@ def plan_companion(
             raise KernelError(f"ipset {name} exists with type {seen[0]}, not {kind}")
         have = seen[2] if seen is not None else frozenset()
         add, delete = tuple(sorted(entries - have)), tuple(sorted(have - entries))
-        if seen is None or add or delete:
-            changes.append(SetChange(name, kind, version, seen is None, add, delete, entries))
+        small = seen is not None and too_small(
+            observed.sets.maxelem.get(name, DEFAULT_MAXELEM), len(entries)
+        )
+        if seen is None or add or delete or small:
+            changes.append(
+                SetChange(name, kind, version, seen is None, add, delete, entries, rebuild=small)
+            )
     restores = []
     for version in versions:
         rendered = render(version, options)
@@ -136,7 +152,14 @@ class Companion:
             for version in self.versions
             for table in TABLES
         }
-        return Observed(parse_ipset_save(self.commands.run(["ipset", "save"])), chains)
+        return Observed(self.observe_sets(), chains)
+
+    def observe_sets(self) -> SetState:
+        """ipvsproxy's sets only: their names, then one batch of `save NAME` (2 processes)."""
+        names = parse_names(self.commands.run(["ipset", "list", "-n"]))
+        if not names:
+            return SetState({})
+        return parse_ipset_save(self.commands.run(["ipset", "restore"], stdin=save_script(names)))
 
     def plan(self, wanted: SetState) -> CompanionPlan:
         return plan_companion(wanted, self.observe(), self.options, self.versions)
@@ -151,6 +174,17 @@ class Companion:
         if plan.stale_sets:
             stale = "".join(f"destroy {name}\n" for name in plan.stale_sets)
             self.commands.run(["ipset", "restore", "-exist"], stdin=stale)
+
+    def write_sets(self, changes: Iterable[SetChange]) -> int:
+        """The incremental path: write `SetIndex.take()`'s changes with ONE `ipset restore`
+        and nothing else (no observation; the rules are rewritten by full syncs only).
+        Returns the number of entries written; KernelError when ipset refuses the batch
+        (then the host is unknown: the caller runs a full sync, which observes and seeds)."""
+        changes = tuple(changes)
+        script = ipset_script(changes)
+        if script:
+            self.commands.run(["ipset", "restore", "-exist"], stdin=script)
+        return sum(len(c.add) + len(c.delete) + c.create for c in changes)
 
     def cleanup(self, *, dry_run: bool = False) -> list[str]:
         """Remove every companion chain, jump and set: rules before the sets they match."""
@@ -169,37 +203,3 @@ class Companion:
             script = "".join(f"destroy {name}\n" for name in names)
             self.commands.run(["ipset", "restore", "-exist"], stdin=script)
         return removed
-
-
-def ipset_script(changes: tuple[SetChange, ...]) -> str:
-    """`ipset restore` input: creates, small changes in place, big ones swapped in."""
-    lines: list[str] = []
-    for change in changes:
-        family = "inet" if change.version == 4 else "inet6"
-        if change.create:
-            lines.append(f"create {change.name} {change.kind} family {family}")
-        if change.swap and not change.create:
-            temporary = f"{change.name}-T"
-            lines.append(f"create {temporary} {change.kind} family {family}")
-            lines.append(f"flush {temporary}")
-            lines += [f"add {temporary} {entry}" for entry in sorted(change.wanted)]
-            lines += [f"swap {temporary} {change.name}", f"destroy {temporary}"]
-            continue
-        lines += [f"add {change.name} {entry}" for entry in change.add]
-        lines += [f"del {change.name} {entry}" for entry in change.delete]
-    return "".join(line + "\n" for line in lines)
-
-
-def parse_ipset_save(text: str) -> SetState:
-    """ipvsproxy's sets (name prefix `IPVSPROXY-`) from `ipset save`."""
-    sets: dict[str, tuple[str, int, set[str]]] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or not parts[1].startswith(SET_PREFIX):
-            continue
-        if parts[0] == "create":
-            version = 6 if "inet6" in parts[3:5] else 4
-            sets[parts[1]] = (parts[2], version, set())
-        elif parts[0] == "add" and parts[1] in sets:
-            sets[parts[1]][2].add(parts[2])
-    return SetState({name: (kind, v, frozenset(found)) for name, (kind, v, found) in sets.items()})

@@ -1,14 +1,18 @@
 """The ipsets the companion rules match, and their wanted entries (pure).
 
-Owns: the set names (all `IPVSPROXY-*`, `-6` for IPv6), their types, and `wanted()`: the IPVS
-state plus each virtual server's `Access` -> every set's entries, spelt as `ipset save`
-prints them, so wanted and observed sets compare as text. The rules stay constant; only these
-entries grow with the number of Services.
+Owns: the set names (all `IPVSPROXY-*`, `-6` for IPv6), their types, `entries_for()` (the
+entries one virtual server contributes) and `wanted()` (their union over the IPVS state), spelt
+as `ipset save` prints them, so wanted and observed sets compare as text. The full path
+(`wanted()`) and the incremental one (`companion.index.SetIndex`, fed per virtual server) are
+both built on `entries_for()`, so they agree by construction. The rules stay constant; only
+these entries grow with the number of Services.
 
   CLUSTER-IP     hash:ip,port      ClusterIP,proto:port      masquerade from outside the cluster
   EXTERNAL-IP    hash:ip,port      externalIP/LB IP (policy Cluster)      masquerade
   NODE-PORT      hash:ip,port      node address,proto:nodePort (Cluster)  masquerade
   LOOP-BACK      hash:ip,port,ip   endpoint,proto:port,endpoint           hairpin masquerade
+                                   (endpoints on this node only, as kube-proxy: a pod on
+                                   another node never reaches itself through this node)
   LB-FW          hash:ip,port      LB IP,proto:port with source ranges    filter
   LB-SOURCE      hash:ip,port,net  LB IP,proto:port,allowed range         filter
   SERVICE-PORTS  hash:ip,port      every VIP,proto:port                   accepted on VIPs
@@ -19,14 +23,15 @@ Imports: sync.desired, model, the standard library.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from ipaddress import ip_network
 
-from ipvsproxy.model import IPNetwork, IpvsState, Proto, RSKey, VSKey
+from ipvsproxy.model import IPAddress, IPNetwork, IpvsState, Proto, RSKey, VSKey
 from ipvsproxy.sync.desired import Access, Reach
 
 SET_PREFIX = "IPVSPROXY-"
+Entry = tuple[str, str]  # (set name, entry as `ipset save` prints it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +57,11 @@ VERSIONS = (4, 6)
 
 @dataclass(frozen=True, slots=True)
 class SetState:
-    """Set name -> (type, family, entries); one type for wanted and observed sets."""
+    """Set name -> (type, family, entries); one type for wanted and observed sets.
+    `maxelem`: an observed set's capacity (wanted sets leave it empty: sized when written)."""
 
     sets: Mapping[str, tuple[str, int, frozenset[str]]]
+    maxelem: Mapping[str, int] = field(default_factory=dict)
 
 
 def all_sets() -> Iterator[tuple[str, str, int]]:
@@ -64,26 +71,47 @@ def all_sets() -> Iterator[tuple[str, str, int]]:
             yield spec.name(version), spec.kind, version
 
 
-def wanted(state: IpvsState, access: Mapping[VSKey, Access]) -> SetState:
-    """Every set's entries for this state (a virtual server without access info is a
-    ClusterIP when its address is bound, else a NodePort)."""
+def wanted(
+    state: IpvsState,
+    access: Mapping[VSKey, Access],
+    *,
+    local: Container[IPAddress] = frozenset(),
+) -> SetState:
+    """Every set's entries for this state: the union of `entries_for()` over its virtual
+    servers. `local`: the addresses of this node's endpoints (`Desired.local_endpoints`);
+    only they get LOOP-BACK entries."""
     entries: dict[str, set[str]] = {name: set() for name, _, _ in all_sets()}
     for key in state.services:
-        if key.fwmark:
-            continue
-        reach = access.get(key) or Access(
-            Reach.CLUSTER_IP if key.address in state.bound else Reach.NODE_PORT
-        )
         dests = state.dests.get(key, {})
-        for spec, entry in _entries(key, reach, [rs.key for rs in dests.values()]):
-            entries[spec.name(key.address.version)].add(entry)
-    for address in state.bound:
-        entries[VIPS.name(address.version)].add(str(address))
+        bound = key.address in state.bound
+        for name, entry in entries_for(key, access.get(key), dests, local=local, bound=bound):
+            entries[name].add(entry)
     kinds = {name: (kind, version) for name, kind, version in all_sets()}
     return SetState({name: (*kinds[name], frozenset(found)) for name, found in entries.items()})
 
 
-def _entries(key: VSKey, reach: Access, dests: list[RSKey]) -> Iterator[tuple[SetSpec, str]]:
+def entries_for(
+    key: VSKey,
+    access: Access | None,
+    dests: Iterable[RSKey],
+    *,
+    local: Container[IPAddress],
+    bound: bool,
+) -> frozenset[Entry]:
+    """The (set name, entry) pairs one virtual server contributes. Without access info it is
+    a ClusterIP when its address is `bound` (on the dummy device), else a NodePort; only
+    destinations whose address is in `local` get a LOOP-BACK entry; fwmark services none."""
+    if key.fwmark:
+        return frozenset()
+    reach = access or Access(Reach.CLUSTER_IP if bound else Reach.NODE_PORT)
+    version = key.address.version
+    made = _entries(key, reach, dests, local)
+    return frozenset((spec.name(version), entry) for spec, entry in made)
+
+
+def _entries(
+    key: VSKey, reach: Access, dests: Iterable[RSKey], local: Container[IPAddress]
+) -> Iterator[tuple[SetSpec, str]]:
     """The set entries one virtual server contributes."""
     proto = _proto(key.proto)
     ip_port = f"{key.address},{proto}:{key.port}"
@@ -101,7 +129,8 @@ def _entries(key: VSKey, reach: Access, dests: list[RSKey]) -> Iterator[tuple[Se
                 if part.version == key.address.version:
                     yield LB_SOURCE, f"{ip_port},{_net(part)}"
     for rs in dests:
-        yield LOOP_BACK, f"{rs.address},{proto}:{rs.port},{rs.address}"
+        if rs.address in local:  # kube-proxy: a hairpin can only start on the pod's node
+            yield LOOP_BACK, f"{rs.address},{proto}:{rs.port},{rs.address}"
 
 
 def _splittable(net: IPNetwork) -> list[IPNetwork]:

@@ -15,10 +15,10 @@ from ipvsproxy.api import NodeView
 from ipvsproxy.companion.conntrack import forget_udp
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.rules import LocalMode, Options
-from ipvsproxy.companion.sets import wanted
+from ipvsproxy.companion.sets import SetState, wanted
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.model import DeleteDest, DeleteService, Proto, RSKey, VSKey
+from ipvsproxy.model import DeleteDest, DeleteService, IpvsState, Proto, RSKey, VSKey
 from ipvsproxy.sync.desired import Desired
 from ipvsproxy.sync.engine import SyncResult
 
@@ -43,6 +43,11 @@ def options_for(config: Config, node: NodeView) -> Options:
     )
 
 
+def wanted_of(state: IpvsState, desired: Desired) -> SetState:
+    """The sets for a synced state: each virtual server's access, this node's endpoints."""
+    return wanted(state, desired.access, local=desired.local_endpoints)
+
+
 def after_sync(
     companion: Companion, result: SyncResult, desired: Desired, options: Options
 ) -> CompanionResult:
@@ -50,7 +55,7 @@ def after_sync(
     changes, error = 0, ""
     companion.options = options
     try:
-        plan = companion.plan(wanted(result.state, desired.access))
+        plan = companion.plan(wanted_of(result.state, desired))
         if plan:
             companion.apply(plan)
             changes = len(plan.describe())

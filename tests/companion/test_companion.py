@@ -18,6 +18,7 @@ from ipvsproxy.companion.kernel import (
 )
 from ipvsproxy.companion.rules import LocalMode, Options, render
 from ipvsproxy.companion.sets import SetState, all_sets, wanted
+from ipvsproxy.companion.step import wanted_of
 from ipvsproxy.config import Config
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
@@ -34,7 +35,7 @@ def entries(state: SetState, base: str, version: int = 4) -> frozenset[str]:
 
 def test_the_bundled_example_fills_each_set_as_kubernetes_means_it():
     desired, _ = desired_from_manifests([EXAMPLES], Config(node_name="node-a"))
-    sets = wanted(desired.state, desired.access)
+    sets = wanted_of(desired.state, desired)
     assert "10.96.0.10,tcp:80" in entries(sets, "CLUSTER-IP")
     assert "10.96.0.53,udp:53" in entries(sets, "CLUSTER-IP")
     assert "10.96.0.70,sctp:5060" in entries(sets, "CLUSTER-IP")
@@ -44,7 +45,16 @@ def test_the_bundled_example_fills_each_set_as_kubernetes_means_it():
     # demo/shop: NodePort with externalTrafficPolicy Local keeps the client address
     assert not any(e.endswith(":30080") for e in entries(sets, "NODE-PORT"))
     assert "172.31.0.10,tcp:31443" in entries(sets, "NODE-PORT")
+    # LOOP-BACK: node-a's own endpoints only (kube-proxy's rule), not node-b's
     assert "10.244.1.2,tcp:8000,10.244.1.2" in entries(sets, "LOOP-BACK")
+    assert "10.244.1.2,udp:5353,10.244.1.2" in entries(sets, "LOOP-BACK")
+    assert "fd00:244:1::2,tcp:8000,fd00:244:1::2" in entries(sets, "LOOP-BACK", 6)
+    assert not any(e.startswith("10.244.2.") for e in entries(sets, "LOOP-BACK"))
+    assert not any(e.startswith("172.31.5.20,") for e in entries(sets, "LOOP-BACK"))
+    remote = {str(rs.address) for d in desired.state.dests.values() for rs in d} - {
+        str(a) for a in desired.local_endpoints
+    }
+    assert remote  # the example has endpoints on other nodes: the check above means something
     assert "203.0.113.10,tcp:443" in entries(sets, "SERVICE-PORTS")
     assert not any(e.startswith("172.31.0.10,") for e in entries(sets, "SERVICE-PORTS"))
     assert entries(sets, "VIPS") == {str(a) for a in desired.state.bound if a.version == 4}
@@ -127,7 +137,10 @@ def test_a_cold_host_gets_every_set_created_then_rules_and_jumps():
     assert all(c.create for c in plan.sets)
     assert len(plan.restores) == 4  # nat and filter, both families
     script = ipset_script(plan.sets)
-    assert "create IPVSPROXY-LOOP-BACK-6 hash:ip,port,ip family inet6\n" in script
+    assert (
+        "create IPVSPROXY-LOOP-BACK-6 hash:ip,port,ip family inet6 hashsize 1024 maxelem 65536\n"
+        in script
+    )
     described = plan.describe()
     jump = '-I INPUT 1 -m comment --comment "ipvsproxy ipvs filter" -j IPVSPROXY-FILTER'
     assert ("+", f"iptables -t filter {jump}") in described
@@ -143,9 +156,10 @@ def test_many_changes_to_one_set_are_swapped_in():
     assert cluster.swap
     script = ipset_script((cluster,))
     assert script.splitlines()[:2] == [
-        "create IPVSPROXY-CLUSTER-IP-T hash:ip,port family inet",
-        "flush IPVSPROXY-CLUSTER-IP-T",
+        "destroy IPVSPROXY-CLUSTER-IP-T",  # a leftover may have other sizes
+        "create IPVSPROXY-CLUSTER-IP-T hash:ip,port family inet hashsize 1024 maxelem 65536",
     ]
+    assert "add IPVSPROXY-CLUSTER-IP-T 10.96.1.0,6:80\n" in script  # protocol by number
     assert script.splitlines()[-2:] == [
         "swap IPVSPROXY-CLUSTER-IP-T IPVSPROXY-CLUSTER-IP",
         "destroy IPVSPROXY-CLUSTER-IP-T",
@@ -159,24 +173,29 @@ def test_parse_ipset_save_keeps_only_ours():
         "add IPVSPROXY-VIPS-6 fd00::1\n"
     )
     assert parse_ipset_save(text) == SetState(
-        {"IPVSPROXY-VIPS-6": ("hash:ip", 6, frozenset({"fd00::1"}))}
+        {"IPVSPROXY-VIPS-6": ("hash:ip", 6, frozenset({"fd00::1"}))}, {"IPVSPROXY-VIPS-6": 65536}
     )
 
 
-def test_loop_back_entries_follow_the_destinations():
+def test_loop_back_entries_follow_this_nodes_destinations_only():
     key = VSKey(ip_address("10.96.0.10"), 80, Proto.UDP)
-    rs = RealServer(RSKey(ip_address("10.244.1.2"), 5353))
-    sets = wanted(state_of({VirtualServer(key): [rs]}, bound=frozenset({key.address})), {})
+    here = RealServer(RSKey(ip_address("10.244.1.2"), 5353))
+    there = RealServer(RSKey(ip_address("10.244.2.2"), 5353))
+    state = state_of({VirtualServer(key): [here, there]}, bound=frozenset({key.address}))
+    sets = wanted(state, {}, local=frozenset({here.key.address}))
     assert entries(sets, "LOOP-BACK") == {"10.244.1.2,udp:5353,10.244.1.2"}
+    assert entries(wanted(state, {}), "LOOP-BACK") == frozenset()  # no local endpoint
 
 
 class RecordingCommands:
     def __init__(self) -> None:
         self.ran: list[list[str]] = []
+        self.fed: list[tuple[list[str], str | None]] = []
         self.prefix = ()
 
     def run(self, args, *, stdin=None):
         self.ran.append(list(args))
+        self.fed.append((list(args), stdin))
         return ""
 
 
@@ -203,11 +222,13 @@ def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
         companion, SyncResult(ops, report, IpvsState()), Desired(IpvsState()), Options()
     )
     assert result.forgotten == 2
-    deletes = [args for args in commands.ran if args[0] == "conntrack"]
-    assert deletes == [
-        ["conntrack", "-D", "-f", "ipv4", "-p", "udp", "--orig-dst", "10.96.0.53",
-         "--orig-port-dst", "53", "--reply-src", "10.244.1.2", "--reply-port-src", "5353"],
-        ["conntrack", "-D", "-f", "ipv6", "-p", "udp", "--orig-dst", "fd00:96::53",
-         "--orig-port-dst", "53"],
+    deletes = [(args, stdin) for args, stdin in commands.fed if args[0] == "conntrack"]
+    assert deletes == [  # one process for all of them
+        (["conntrack", "-R", "-"],
+         "-D -f ipv4 -p udp --orig-dst 10.96.0.53 --orig-port-dst 53"
+         " --reply-src 10.244.1.2 --reply-port-src 5353\n"
+         "-D -f ipv6 -p udp --orig-dst fd00:96::53 --orig-port-dst 53\n"),
     ]  # fmt: skip
+    commands.fed.clear()
     assert forget_udp(commands, []) == 0  # type: ignore[arg-type]
+    assert commands.fed == []  # nothing to delete: no process

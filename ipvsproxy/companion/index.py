@@ -1,0 +1,149 @@
+"""The companion sets, kept per virtual server between full syncs (no host access).
+
+Owns: `SetIndex`. Between periodic full resyncs the sync pipeline knows which virtual servers
+changed, and must not observe the host: it gives the index each changed virtual server's
+entries (`entries_for()`, the function `wanted()` is built from, so both paths agree by
+construction), and `take()` returns only the set changes since the last take or seed, which
+`Companion.write_sets()` writes with one `ipset restore`.
+
+An entry can come from several virtual servers (a VIP with several ports is in VIPS once; an
+endpoint behind several Services is in LOOP-BACK once per port), so entries are reference
+counted: an entry leaves its set when the last virtual server that wanted it lets it go.
+
+Imports: companion.sets, companion.ipset, sync.desired (Access), model, the standard library.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Container, Iterable, Mapping
+
+from ipvsproxy.companion.ipset import BULK, DEFAULT_MAXELEM, SetChange, maxelem_for, too_small
+from ipvsproxy.companion.sets import Entry, SetState, all_sets, entries_for
+from ipvsproxy.model import IPAddress, IpvsState, VSKey
+from ipvsproxy.sync.desired import Access
+
+
+class SetIndex:
+    """Reference-counted entries per set, what each virtual server contributes, and what the
+    host holds since the last `take()`/`seed()`. Sets of other IP versions than `versions`
+    are never written (no ip6tables on the host: no IPv6 companion)."""
+
+    def __init__(self, *, versions: tuple[int, ...] = (4, 6)) -> None:
+        self._kinds = {name: (kind, v) for name, kind, v in all_sets() if v in versions}
+        self._by_key: dict[VSKey, frozenset[Entry]] = {}
+        self._count: dict[Entry, int] = {}
+        self._members: dict[str, set[str]] = defaultdict(set)
+        self._before: dict[Entry, bool] = {}  # on the host at the last take? (changed ones)
+        self._host: dict[str, int] = {}  # set name -> maxelem, for the sets the host has
+        self._seeded: SetState | None = None
+
+    def update(self, key: VSKey, entries: Iterable[Entry]) -> None:
+        """Replace what `key` contributes (an empty iterable: the virtual server is gone)."""
+        new = frozenset(entries)
+        old = self._by_key.pop(key, frozenset())
+        if new:
+            self._by_key[key] = new
+        for entry in old - new:
+            count = self._count[entry] - 1
+            if count:
+                self._count[entry] = count
+            else:
+                del self._count[entry]
+                self._before.setdefault(entry, True)
+                self._members[entry[0]].discard(entry[1])
+        for entry in new - old:
+            count = self._count.get(entry, 0)
+            if not count:
+                self._before.setdefault(entry, False)
+                self._members[entry[0]].add(entry[1])
+            self._count[entry] = count + 1
+
+    def update_from(
+        self,
+        keys: Iterable[VSKey],
+        state: IpvsState,
+        access: Mapping[VSKey, Access],
+        *,
+        local: Container[IPAddress],
+    ) -> None:
+        """`update()` each of `keys` from the synced state (gone from it: removed)."""
+        for key in keys:
+            if key not in state.services:
+                self.update(key, ())
+                continue
+            dests = state.dests.get(key, {})
+            bound = key.address in state.bound
+            self.update(key, entries_for(key, access.get(key), dests, local=local, bound=bound))
+
+    def reset(
+        self, state: IpvsState, access: Mapping[VSKey, Access], *, local: Container[IPAddress]
+    ) -> None:
+        """Every virtual server from scratch (a full sync): `wanted()` of the same input."""
+        gone = [key for key in self._by_key if key not in state.services]
+        self.update_from([*gone, *state.services], state, access, local=local)
+
+    def seed(self, state: SetState) -> None:
+        """What the host holds now (after a full sync: its observation, or what it wrote);
+        the next `take()` compares the index with it."""
+        self._seeded = state
+        self._host = {name: state.maxelem.get(name, DEFAULT_MAXELEM) for name in state.sets}
+        self._before.clear()
+
+    def wanted(self) -> SetState:
+        """The sets as the index wants them (equal to `wanted()` of the same input)."""
+        return SetState(
+            {
+                name: (kind, v, frozenset(self._members.get(name, ())))
+                for name, (kind, v) in self._kinds.items()
+            }
+        )
+
+    def take(self) -> tuple[SetChange, ...]:
+        """The changes since the last take/seed: sets to create, entries to add and delete,
+        sets too small for what they must hold rebuilt bigger (swapped in). The index then
+        assumes they were written."""
+        if self._seeded is not None:
+            diff = self._diff_from(self._seeded)
+        else:
+            diff = self._diff_since_take()
+        changes = []
+        for name, (kind, version) in sorted(self._kinds.items()):
+            add, delete = diff.get(name, ((), ()))
+            members = self._members.get(name, set())
+            create = name not in self._host
+            rebuild = not create and too_small(self._host[name], len(members))
+            if not (create or rebuild or add or delete):
+                continue
+            big = create or rebuild or len(add) + len(delete) > BULK
+            wanted = frozenset(members) if big else frozenset()
+            if create:
+                add, delete = tuple(sorted(members)), ()
+            changes.append(SetChange(name, kind, version, create, add, delete, wanted, rebuild))
+            if create or rebuild:
+                self._host[name] = maxelem_for(len(members))
+        self._seeded = None
+        self._before.clear()
+        return tuple(changes)
+
+    def _diff_from(self, seen: SetState) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        diff = {}
+        for name in self._kinds:
+            members = self._members.get(name, set())
+            have = seen.sets[name][2] if name in seen.sets else frozenset()
+            diff[name] = (tuple(sorted(members - have)), tuple(sorted(have - members)))
+        return diff
+
+    def _diff_since_take(self) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        add: dict[str, list[str]] = defaultdict(list)
+        delete: dict[str, list[str]] = defaultdict(list)
+        for (name, entry), was in self._before.items():
+            now = (name, entry) in self._count
+            if now and not was:
+                add[name].append(entry)
+            elif was and not now:
+                delete[name].append(entry)
+        return {
+            name: (tuple(sorted(add.get(name, ()))), tuple(sorted(delete.get(name, ()))))
+            for name in add.keys() | delete.keys()
+        }
