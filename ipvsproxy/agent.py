@@ -30,18 +30,15 @@ from ipvsproxy.backends import (
     prepare,
     remove_leftovers,
 )
-from ipvsproxy.companion.sets import wanted
-from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
-from ipvsproxy.errors import ConfigError, IpvsproxyError
+from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
 from ipvsproxy.model import IpvsState
+from ipvsproxy.pipeline import PassPlan, PassResult, Pipeline
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.engine import SyncResult, sync
-from ipvsproxy.sync.ownership import ownership_for
-from ipvsproxy.sync.plan import plan
 from ipvsproxy.sync.render import Line, describe
-from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
+from ipvsproxy.testing import FakeKernel
 
 if TYPE_CHECKING:
     from ipvsproxy.serve import HttpServer, Route
@@ -81,23 +78,26 @@ class DiffResult:
 
 
 def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, api.NodeView]:
-    """Parse manifests and translate them for this node."""
+    """Parse manifests and translate them for this node (tools and tests)."""
     return from_objects(manifests.load(paths), config)
 
 
-def desired_from(source: Source, config: Config) -> tuple[Desired, api.NodeView]:
-    """One read of the source (for the API: one list of each kind), translated."""
+def changes_from(source: Source, config: Config) -> Changes:
+    """One read of the source (for the API: one list of each kind), every Service in it."""
+    tracker = Tracker(node_name=config.node_name)
     if isinstance(source, Manifests):
-        return desired_from_manifests(source.paths, config)
+        from ipvsproxy.static import ManifestSource
+
+        ManifestSource(source.paths, sink=tracker, stop=threading.Event()).load(quiet=True)
+        return tracker.take(everything=True)
     from ipvsproxy import kube
 
-    tracker = Tracker()
     with kube.connect(kubeconfig=source.kubeconfig, context=source.context) as client:
         for kind in (SERVICE, SLICE, NODE):
             kube.Watcher(
                 kind, api=client, node_name=config.node_name, sink=tracker, stop=threading.Event()
             ).list_all()
-    return from_objects(tracker.snapshot().objects, config)
+    return tracker.take(everything=True)
 
 
 def read_kernel_state(path: Path) -> IpvsState:
@@ -115,79 +115,72 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     from the live kernel (root on a host with IPVS); there, removed endpoints that still have
     connections are shown going to weight 0 first, as `run` drains them.
     """
-    desired, node = desired_from(source, config)
-    notes: tuple[str, ...] = ()
-    repairs: tuple[str, ...] = ()
-    companion_lines: tuple[Line, ...] = ()
-    state = desired.state
+    changes = changes_from(source, config)
     if kernel_state is not None:
-        observed = read_kernel_state(kernel_state)
-        notes = (
+        pipeline = Pipeline(kernel=FakeKernel(), config=config, manage_addresses=False)
+        pipeline.feed(changes)
+        planned = pipeline.plan(full=True, observed=read_kernel_state(kernel_state))
+        notes: tuple[str, ...] = (
             f"addresses on {config.dummy_device} are not compared: {kernel_state} is a saved "
             "ipvsadm table, which does not record them",
             "connection counts are unknown: removed endpoints are shown deleted, not drained",
         )
-    else:
-        with open_backend(config) as backend:
-            kernel = backend.kernel
-            observed = kernel.observe()
-            drainer = Drainer(timeout=config.drain_timeout)
-            state = drainer.hold(state, observed, connections=kernel.connections).state
-            repairs = kernel.damage()
-            companion = companion_for(backend)
-            if companion is not None:
-                companion.options = options_for(config, node)
-                planned = companion.plan(wanted(state, desired.access))
-                companion_lines = tuple(
-                    Line(sign, "companion", command, "") for sign, command in planned.describe()
-                )
-            if backend.name == IPTABLES:
-                notes = (
-                    "backend iptables: operations are shown in ipvsadm terms; `run` writes "
-                    "them as rules in ipvsproxy's nat chains (IPVSPX-*), and VIP addresses "
-                    "as records in IPVSPX-SERVICES instead of on a dummy device",
-                )
-    ops = plan(
-        state,
-        observed,
-        ownership=ownership_for(config, node.addresses),
-        manage_addresses=kernel_state is None,
+        return _diff_result(planned, pipeline, config, notes)
+    with open_backend(config) as backend:
+        pipeline = Pipeline(
+            kernel=backend.kernel,
+            config=config,
+            companion=companion_for(backend),
+            drainer=Drainer(timeout=config.drain_timeout),
+        )
+        pipeline.feed(changes)
+        planned = pipeline.plan(full=True)
+        notes = ()
+        if backend.name == IPTABLES:
+            notes = (
+                "backend iptables: operations are shown in ipvsadm terms; `run` writes "
+                "them as rules in ipvsproxy's nat chains (IPVSPX-*), and VIP addresses "
+                "as records in IPVSPX-SERVICES instead of on a dummy device",
+            )
+        return _diff_result(planned, pipeline, config, notes)
+
+
+def _diff_result(
+    planned: PassPlan, pipeline: Pipeline, config: Config, notes: tuple[str, ...]
+) -> DiffResult:
+    if planned.companion_error:
+        raise KernelError(f"companion rules: {planned.companion_error}")
+    observed = planned.ipvs.observed
+    lines = tuple(
+        describe(op, planned.names, observed, config.dummy_device) for op in planned.ipvs.plan
     )
-    lines = tuple(describe(op, desired.origins, observed, config.dummy_device) for op in ops)
-    return DiffResult(lines + companion_lines, desired.warnings, notes, repairs)
+    if planned.companion is not None:
+        lines += tuple(
+            Line(sign, "companion", command, "") for sign, command in planned.companion.describe()
+        )
+    return DiffResult(lines, pipeline.warnings, notes, planned.repairs)
 
 
-@dataclass(frozen=True, slots=True)
-class OnceResult:
-    sync: SyncResult
-    companion: CompanionResult = CompanionResult()
-
-    @property
-    def ok(self) -> bool:
-        return self.sync.report.ok and not self.companion.error
-
-
-def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> OnceResult:
+def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
-    desired, node = desired_from_manifests(manifest_paths, config)
-    for warning in desired.warnings:
-        log.warning("%s", warning)
+    changes = changes_from(Manifests(tuple(manifest_paths)), config)
     with open_backend(config) as backend:  # first: no backend, nothing on the node is touched
         prepare(backend, config)
         remove_leftovers(backend, config)
-        result = sync(backend.kernel, desired, node, config)
-        companion, extra = companion_for(backend), CompanionResult()
-        if companion is not None:
-            extra = after_sync(companion, result, desired, options_for(config, node))
-            if extra.error:
-                log.error("companion rules: %s", extra.error)
+        pipeline = Pipeline(kernel=backend.kernel, config=config, companion=companion_for(backend))
+        pipeline.feed(changes)
+        for warning in pipeline.warnings:
+            log.warning("%s", warning)
+        result = pipeline.apply(pipeline.plan(full=True))
+    if result.companion_error:
+        log.error("companion rules: %s", result.companion_error)
     log.info(
         "sync done: %d operations, %d failed, %d companion changes",
-        len(result.plan),
-        len(result.report.failures),
-        extra.changes,
+        len(result.sync.plan),
+        len(result.sync.report.failures),
+        result.companion_changes,
     )
-    return OnceResult(result, extra)
+    return result
 
 
 def run(config: Config, *, source: Source, stop: threading.Event | None = None) -> None:
@@ -213,7 +206,9 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         health.queued()
         runner.request()
 
-    tracker = Tracker(required=(SERVICE, SLICE, NODE), on_change=changed)
+    tracker = Tracker(
+        required=(SERVICE, SLICE, NODE), on_change=changed, node_name=config.node_name
+    )
     with open_backend(config) as backend:
         prepare(backend, config)
         remove_leftovers(backend, config)

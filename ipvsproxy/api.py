@@ -20,9 +20,18 @@ from typing import Any
 from ipvsproxy.model import IPAddress, IPNetwork, Proto
 
 RawObject = Mapping[str, Any]
+Ref = tuple[str, str]  # (namespace, name) of an object; namespace "" for cluster-scoped ones
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+# Only labels and annotations under these prefixes are kept in a view: the others (notably
+# kubectl's last-applied-configuration, a copy of the whole object) are never read.
+KEPT_META_PREFIXES = (
+    "ipvsproxy.io/",
+    "kubernetes.io/",
+    "service.kubernetes.io/",
+    "topology.kubernetes.io/",
+)
 DEFAULT_AFFINITY_TIMEOUT = 10800  # core/v1 ClientIPConfig.timeoutSeconds default
 MAX_AFFINITY_TIMEOUT = 86400
 
@@ -359,7 +368,11 @@ def _meta(obj: RawObject, *, namespaced: bool) -> tuple[str, str, dict[str, str]
             isinstance(k, str) and isinstance(v, str) for k, v in values.items()
         ):
             raise Malformed(f"metadata.{what} must map strings to strings")
-    return str(namespace), name, dict(labels), dict(annotations)
+    return str(namespace), name, _kept(labels), _kept(annotations)
+
+
+def _kept(values: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in values.items() if k.startswith(KEPT_META_PREFIXES)}
 
 
 def _mapping(obj: RawObject, key: str) -> RawObject:

@@ -348,20 +348,20 @@ def run(once: bool, **opts: Any) -> None:
         if not isinstance(source, agent.Manifests):
             raise ConfigError("--once needs --manifests (the API source is long-running)")
         outcome = agent.run_once(config, manifest_paths=source.paths)
-        result, extra = outcome.sync, outcome.companion
+        result = outcome.sync
         click.echo(
             f"applied {result.report.applied} of {len(result.plan)} operations"
             + (f", {len(result.report.failures)} failed" if result.report.failures else "")
             + (
-                f"; {outcome.companion.changes} companion changes"
-                if outcome.companion.changes
+                f"; {outcome.companion_changes} companion changes"
+                if outcome.companion_changes
                 else ""
             )
         )
         for failure in result.report.failures:
             click.echo(f"failed: {failure.error}", err=True)
-        if extra.error:
-            click.echo(f"failed: companion rules: {extra.error}", err=True)
+        if outcome.companion_error:
+            click.echo(f"failed: companion rules: {outcome.companion_error}", err=True)
         sys.exit(0 if outcome.ok else EXIT_FAILED_OPS)
     agent.run(config, source=source)
 

@@ -1,35 +1,38 @@
 """The long-running agent's sync pass: what the runner calls, with its bookkeeping.
 
 Owns: `SyncPass`. Each call: wait until every required kind has listed (never program a
-partial view), snapshot the tracker, translate, `engine.sync()` (observe, hold draining
-endpoints, plan, apply), then record metrics and health, log one summary line and ask the
-runner for an early retry when an operation failed or endpoints are draining.
+partial view), take the changed Services from the tracker, run one pass of the pipeline
+(pipeline.py: full every `--sync-period` or after the node changed, partial in between),
+record metrics and health, log one summary line, and ask the runner for an early retry
+when an operation failed or endpoints are draining.
 
-Imports: sync.*, kernel, metrics, serve, config, errors.
+Imports: pipeline, sync.*, kernel, metrics, serve, config, errors.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
 from ipvsproxy.companion.kernel import Companion
-from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.metrics import Metrics
+from ipvsproxy.pipeline import PassResult, Pipeline
 from ipvsproxy.serve import Health
-from ipvsproxy.sync.desired import from_objects
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.engine import SyncResult, sync
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import Tracker
 
 log = logging.getLogger("ipvsproxy.sync")
 
 DRAIN_POLL = 1.0  # seconds between connection-count checks while endpoints drain
+# A full pass is due once a sync period has passed since the last one (the runner's
+# periodic run comes exactly then; the margin absorbs clock rounding).
+FULL_DUE = 0.99
 
 
 class SyncPass:
@@ -44,19 +47,27 @@ class SyncPass:
         companion: Companion | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._kernel = kernel
-        self._companion = companion
         self._config = config
         self._tracker = tracker
         self._metrics = metrics
         self._health = health
         self._clock = clock
-        self._drainer = Drainer(timeout=config.drain_timeout, clock=clock)
+        self.pipeline = Pipeline(
+            kernel=kernel,
+            config=config,
+            companion=companion,
+            drainer=Drainer(timeout=config.drain_timeout, clock=clock),
+        )
         self._warned: frozenset[str] = frozenset()
         self._failures_in_row = 0
         self._waiting_logged = False
+        self._last_full = -math.inf
         self.runner: Runner | None = None  # set by the agent; asked for retries
-        self.last: SyncResult | None = None
+        self.last: PassResult | None = None
+
+    def request_full(self) -> None:
+        """Make the next pass a full one (observe everything, repair drift)."""
+        self._last_full = -math.inf
 
     def __call__(self) -> None:
         if not self._tracker.synced():
@@ -65,53 +76,54 @@ class SyncPass:
                 self._waiting_logged = True
             return
         started = self._clock()
-        snapshot = self._tracker.snapshot()
-        desired, node = from_objects(snapshot.objects, self._config)
-        self._warn(desired.warnings)
+        full = started - self._last_full >= self._config.sync_period * FULL_DUE
+        changes = self._tracker.take()
+        self.pipeline.feed(changes)
+        self._warn(self.pipeline.warnings)
         try:
-            result = sync(self._kernel, desired, node, self._config, drainer=self._drainer)
+            result = self.pipeline.apply(self.pipeline.plan(full=full))
         except KernelError as exc:
             log.error("sync failed: %s", exc)
             self._metrics.sync_error()
+            self.request_full()  # what the kernel holds is unknown now
             self._retry(failed=True)
             return
-        # Metrics describe the IPVS table as soon as it is programmed (the companion rules,
-        # next, only add masquerading and filtering around it).
-        ipvs_seconds = self._clock() - started
-        report = result.report
-        self._metrics.synced(
-            seconds=ipvs_seconds,
-            plan=result.plan,
-            report=report,
-            state=result.state,
-            draining=result.draining,
-            triggers=snapshot.trigger_times,
-        )
-        extra = CompanionResult()
-        if self._companion is not None:
-            options = options_for(self._config, node)
-            extra = after_sync(self._companion, result, desired, options)
-            if extra.error:
-                log.error("companion rules: %s", extra.error)
+        if result.full:
+            self._last_full = started
+        if result.stale:
+            self.request_full()
         seconds = self._clock() - started
-        if report.ok and not extra.error:
+        report = result.sync.report
+        self._metrics.synced(
+            seconds=seconds,
+            plan=result.sync.plan,
+            report=report,
+            virtual_servers=result.virtual_servers,
+            real_servers=result.real_servers,
+            draining=result.sync.draining,
+            triggers=changes.trigger_times,
+        )
+        if result.companion_error:
+            log.error("companion rules: %s", result.companion_error)
+        if result.ok:
             self._health.updated()
         for failure in report.failures:
             log.error("operation failed: %s", failure.error)
         log.info(
             "sync: %d operations (%d failed), %d virtual servers, %d real servers, "
-            "%d draining, %d companion changes, %.3fs",
-            len(result.plan),
+            "%d draining, %d companion changes, %.3fs (%s, %d Services changed)",
+            len(result.sync.plan),
             len(report.failures),
-            len(result.state.services),
-            sum(len(d) for d in result.state.dests.values()),
-            result.draining,
-            extra.changes,
+            result.virtual_servers,
+            result.real_servers,
+            result.sync.draining,
+            result.companion_changes,
             seconds,
+            "full" if result.full else "partial",
+            len(changes.services),
         )
         self.last = result
-        failed = not report.ok or bool(extra.error)
-        self._retry(failed=failed, draining=result.draining > 0)
+        self._retry(failed=not result.ok, draining=result.sync.draining > 0)
 
     def _warn(self, warnings: tuple[str, ...]) -> None:
         """Log each input warning once, when it first appears (not on every sync)."""

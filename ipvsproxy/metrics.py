@@ -17,7 +17,6 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ipvsproxy.kernel import ApplyReport, Plan
-from ipvsproxy.model import IpvsState
 
 # kube-proxy's buckets for sync durations (exponential from 1 ms) and programming latency.
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
@@ -116,7 +115,8 @@ class Metrics:
         seconds: float,
         plan: Plan,
         report: ApplyReport,
-        state: IpvsState,
+        virtual_servers: int,
+        real_servers: int,
         draining: int,
         triggers: Iterable[str] = (),
     ) -> None:
@@ -130,8 +130,8 @@ class Metrics:
             if failed[kind]:
                 self.operations.labels(kind, "failed").inc(failed[kind])
         self.syncs.labels("ok" if report.ok else "failed").inc()
-        self.virtual_servers.set(len(state.services))
-        self.real_servers.set(sum(len(d) for d in state.dests.values()))
+        self.virtual_servers.set(virtual_servers)
+        self.real_servers.set(real_servers)
         self.draining.set(draining)
         now = self._clock()
         if report.ok:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import socket
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
 from ipvsproxy.errors import AlreadyExists, NotFound
@@ -224,7 +224,19 @@ def transition(state: IpvsState, op: Op) -> IpvsState:
     or touching a destination of a missing service -> NotFound (ESRCH/ENOENT); deleting a
     service drops its destinations.
     """
-    services, dests = dict(state.services), dict(state.dests)
+    services, dests, bound = dict(state.services), dict(state.dests), set(state.bound)
+    execute(services, dests, bound, op)
+    return IpvsState(services, dests, frozenset(bound))
+
+
+def execute(
+    services: dict[VSKey, VirtualServer],
+    dests: dict[VSKey, Dests],
+    bound: set[IPAddress],
+    op: Op,
+) -> None:
+    """`transition` in place, on a table's own dicts (each service's destination mapping is
+    replaced, never changed, so mappings shared with other states stay as they were)."""
     match op:
         case AddService(vs):
             _absent(vs.key, services, "service")
@@ -248,12 +260,11 @@ def transition(state: IpvsState, op: Op) -> IpvsState:
             _present(key, dests[service], f"destination of {service}")
             dests[service] = {k: v for k, v in dests[service].items() if k != key}
         case BindAddress(address):
-            _absent(address, state.bound, "address")
-            return replace(state, bound=state.bound | {address})
+            _absent(address, bound, "address")
+            bound.add(address)
         case UnbindAddress(address):
-            _present(address, state.bound, "address")
-            return replace(state, bound=state.bound - {address})
-    return replace(state, services=services, dests=dests)
+            _present(address, bound, "address")
+            bound.discard(address)
 
 
 def _present(key: object, where: Container[object], what: str) -> None:

@@ -39,7 +39,7 @@ class ManifestSource:
         self._interval = interval
         self._seen: tuple[Any, ...] | None = None
 
-    def load(self) -> None:
+    def load(self, *, quiet: bool = False) -> None:
         """Read every file and replace the tracker's view; ConfigError if unreadable."""
         seen = manifests.fingerprint(self._paths)
         objects = manifests.load(self._paths)
@@ -49,7 +49,8 @@ class ManifestSource:
         for kind in (SERVICE, SLICE, NODE):
             self._sink.replace(kind, by_kind.get(kind, []))
         self._seen = seen
-        log.info("read %d objects from %s", len(objects), ", ".join(map(str, self._paths)))
+        if not quiet:
+            log.info("read %d objects from %s", len(objects), ", ".join(map(str, self._paths)))
 
     def run(self) -> None:
         """Poll for changes until stopped."""

@@ -13,11 +13,25 @@ from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import KernelError, NotFound
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
-from ipvsproxy.model import EMPTY, IpvsState, Op, RSKey, VSKey, transition
+from ipvsproxy.model import (
+    EMPTY,
+    Dests,
+    IPAddress,
+    IpvsState,
+    Op,
+    RSKey,
+    VirtualServer,
+    VSKey,
+    execute,
+)
 
 
 class FakeKernel:
-    """Map-backed kernel; `applied` records successful ops, `errors` injects one-shot failures."""
+    """Map-backed kernel; `applied` records successful ops, `errors` injects one-shot failures.
+
+    Operations change its table in place (`model.execute`), so a plan costs what it touches,
+    also with 100,000 destinations; `state` and `observe()` give a snapshot.
+    """
 
     def __init__(self, state: IpvsState = EMPTY) -> None:
         self.state = state
@@ -26,15 +40,25 @@ class FakeKernel:
         self.observations = 0
         self.conns: dict[VSKey, dict[RSKey, tuple[int, int]]] = {}  # set by tests
 
+    @property
+    def state(self) -> IpvsState:
+        return IpvsState(dict(self._services), dict(self._dests), frozenset(self._bound))
+
+    @state.setter
+    def state(self, state: IpvsState) -> None:
+        self._services: dict[VSKey, VirtualServer] = dict(state.services)
+        self._dests: dict[VSKey, Dests] = dict(state.dests)
+        self._bound: set[IPAddress] = set(state.bound)
+
     def observe(self) -> IpvsState:
         self.observations += 1
         return self.state
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
-        if key not in self.state.services:
+        if key not in self._services:
             raise NotFound(f"no virtual server {key}")
         counts = self.conns.get(key, {})
-        return {rs: counts.get(rs, (0, 0)) for rs in self.state.dests.get(key, {})}
+        return {rs: counts.get(rs, (0, 0)) for rs in self._dests.get(key, {})}
 
     def damage(self) -> tuple[str, ...]:
         return ()
@@ -47,7 +71,7 @@ class FakeKernel:
                 injected = self.errors.pop(op, None)
                 if injected is not None:
                     raise injected
-                self.state = transition(self.state, op)
+                execute(self._services, self._dests, self._bound, op)
             except KernelError as err:
                 failures.append(Failure(op, err))
             else:

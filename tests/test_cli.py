@@ -189,6 +189,7 @@ def test_run_once_exit_codes(monkeypatch):
     from ipvsproxy.errors import KernelUnavailable, NotFound
     from ipvsproxy.kernel import ApplyReport, Failure
     from ipvsproxy.model import EMPTY, UnbindAddress
+    from ipvsproxy.pipeline import PassResult
     from ipvsproxy.sync.engine import SyncResult
 
     def unavailable(config, *, manifest_paths):
@@ -200,15 +201,15 @@ def test_run_once_exit_codes(monkeypatch):
     assert "the kernel has no IPVS" in result.stderr
 
     op = UnbindAddress(ip_address("10.96.0.1"))
-    failed = agent.OnceResult(
-        SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
+    failed = PassResult(
+        True, SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
     )
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: failed)
     result = run("run", "--once", "--manifests", str(EXAMPLE))
     assert result.exit_code == 1
     assert "failed: gone" in result.stderr
 
-    done = agent.OnceResult(SyncResult((op,), ApplyReport(1), EMPTY))
+    done = PassResult(True, SyncResult((op,), ApplyReport(1), EMPTY))
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: done)
     result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
     assert result.exit_code == 0

@@ -12,7 +12,7 @@ import pytest
 
 from ipvsproxy.config import Config
 from ipvsproxy.daemon import SyncPass
-from ipvsproxy.errors import ConfigError, NotFound
+from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
@@ -103,18 +103,38 @@ def test_failed_operation_is_retried_sooner_and_reported():
     agent = Agent()
     agent.feed(service("web"), web_slice())
     agent.sync()
+    vs = next(iter(agent.kernel.state.services.values()))
     agent.kernel.state = type(agent.kernel.state)({}, {})  # someone flushed the table
-    assert agent.sync.last is not None
-    vs = next(iter(agent.sync.last.state.services.values()))
-    agent.kernel.errors[AddService(vs)] = NotFound("boom")
+    agent.kernel.errors[AddService(vs)] = KernelError("boom")
+    runner = agent.sync.runner
+    assert runner is not None
+    runner.run_if_due()  # the runner just ran: its next periodic run is 30 s away
+    agent.sync.request_full()  # the periodic full pass sees the flush
     agent.sync()
     assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
     assert sample(agent.metrics, "ipvsproxy_kernel_operations_total", kind="AddService",
                   result="failed") == 1  # fmt: skip
-    assert agent.sync.runner is not None
-    assert agent.sync.runner.due(time.monotonic()) <= time.monotonic() + 1.5
-    agent.sync()
+    now = time.monotonic()
+    assert runner.due(now) <= now + 1.5  # retried after 1 s, not at the next period
+    agent.sync()  # a partial pass: the failed virtual server is looked at again
     assert agent.kernel.state.services  # the retry repaired it
+    assert agent.kernel.observations == 2  # without observing the kernel again
+
+
+def test_a_kernel_contradicting_the_table_makes_the_next_pass_full():
+    agent = Agent()
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    agent.sync()
+    vs_key = next(iter(agent.kernel.state.services))
+    agent.kernel.state = type(agent.kernel.state)({}, {})  # flushed behind our back
+    agent.tracker.event(SLICE, "MODIFIED", web_slice("10.244.0.1", "10.244.0.2"))
+    agent.sync()  # partial: adding a destination to a service that is gone -> NotFound
+    assert agent.kernel.observations == 1
+    assert agent.sync.last is not None
+    assert agent.sync.last.stale
+    agent.sync()  # so this pass is full: observes, and puts everything back
+    assert agent.kernel.observations == 2
+    assert len(agent.kernel.state.dests[vs_key]) == 2
 
 
 def test_warnings_are_logged_once(caplog):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from ipaddress import ip_address
 from typing import Any
 
 import pytest
 
 from ipvsproxy import kube
+from ipvsproxy.api import ServiceView
 from ipvsproxy.errors import ConfigError, WatchError
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
@@ -45,6 +47,10 @@ def server():
     api.stop()
 
 
+def services(run: Run) -> list[ServiceView]:
+    return [v for v in run.tracker.views(SERVICE) if isinstance(v, ServiceView)]
+
+
 class Run:
     """A watcher in a thread; `error` holds what ended it."""
 
@@ -76,7 +82,7 @@ class Run:
             self.error = exc
 
     def names(self) -> set[str]:
-        return {o["metadata"]["name"] for o in self.tracker.snapshot().objects}
+        return {view.name for view in self.tracker.views(self.watcher.kind)}
 
     def close(self) -> None:
         self.stop.set()
@@ -105,13 +111,11 @@ def test_lists_then_follows_adds_changes_and_deletes(server, watch):
     server.put(svc("b", "10.96.0.11"))
     eventually(lambda: run.names() == {"a", "b"})
     server.put(svc("a", "10.96.0.12"))
-    eventually(
-        lambda: any(o["spec"]["clusterIP"] == "10.96.0.12" for o in run.tracker.snapshot().objects)
-    )
+    eventually(lambda: any(v.cluster_ips == (ip_address("10.96.0.12"),) for v in services(run)))
     server.delete("Service", "demo", "b")
     eventually(lambda: run.names() == {"a"})
-    obj = run.tracker.snapshot().objects[0]
-    assert (obj["kind"], obj["apiVersion"]) == ("Service", "v1")  # list items lack them
+    # parsed on arrival, list items (which carry no kind) as watch events
+    assert [type(view) for view in services(run)] == [ServiceView]
 
 
 def test_resumes_from_bookmarks_and_ends_of_streams(server, watch):
@@ -172,9 +176,10 @@ def test_node_is_watched_by_name(server, watch):
     server.put(node("node-b"))
     run = watch(kind=NODE)
     eventually(lambda: run.names() == {"node-a"})
-    server.put({**node("node-b"), "metadata": {"name": "node-b", "labels": {"x": "y"}}})
-    server.put({**node("node-a"), "metadata": {"name": "node-a", "labels": {"x": "y"}}})
-    eventually(lambda: run.tracker.snapshot().objects[0]["metadata"].get("labels"))
+    zone = {"topology.kubernetes.io/zone": "z1"}
+    server.put({**node("node-b"), "metadata": {"name": "node-b", "labels": zone}})
+    server.put({**node("node-a"), "metadata": {"name": "node-a", "labels": zone}})
+    eventually(lambda: run.tracker.views(NODE)[0].labels == zone)
     assert run.names() == {"node-a"}
 
 

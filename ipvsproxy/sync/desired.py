@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ipvsproxy import api
 from ipvsproxy.api import (
@@ -72,6 +72,26 @@ class Desired:
 
 
 @dataclass(frozen=True, slots=True)
+class Entry:
+    """One virtual server a Service port asks for, with its destinations."""
+
+    vs: VirtualServer
+    dests: Mapping[RSKey, RealServer]
+    bind: bool  # the address goes on the dummy device
+    origin: str  # "ns/name:port"
+    access: Access
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """Everything one Service asks for (empty for headless, ExternalName, other proxies)."""
+
+    entries: Mapping[VSKey, Entry] = field(default_factory=dict)  # first claim per key wins
+    local: frozenset[IPAddress] = frozenset()  # its endpoints on this node
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class _Frontend:
     address: IPAddress
     port: int
@@ -88,20 +108,18 @@ def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desi
     """Parse raw API objects and translate them for this node (`config.node_name`)."""
     parsed = api.parse_objects(objects)
     node = next((n for n in parsed.nodes if n.name == config.node_name), None)
-    warnings = list(parsed.warnings)
-    if node is None:
-        warnings.append(
-            f"Node {config.node_name!r} is not in the input: no NodePort virtual servers "
-            "(set --hostname-override to the node's name)"
-        )
-        node = NodeView(config.node_name)
+    warnings = [*parsed.warnings, *node_warnings(node, config)]
+    node = node or NodeView(config.node_name)
     desired = desired_state(parsed.services, parsed.slices, node, config)
-    all_warnings = (*warnings, *desired.warnings)
+    return replace(desired, warnings=(*warnings, *desired.warnings)), node
+
+
+def node_warnings(node: NodeView | None, config: Config) -> tuple[str, ...]:
+    if node is not None:
+        return ()
     return (
-        Desired(
-            desired.state, desired.origins, all_warnings, desired.access, desired.local_endpoints
-        ),
-        node,
+        f"Node {config.node_name!r} is not in the input: no NodePort virtual servers "
+        "(set --hostname-override to the node's name)",
     )
 
 
@@ -111,33 +129,57 @@ def desired_state(
     node: NodeView,
     config: Config,
 ) -> Desired:
-    """Translate the API view into IPVS virtual and real servers for this node."""
+    """Translate the API view into IPVS virtual and real servers for this node.
+
+    The same path as the incremental one: every Service through `translate_service()` into a
+    `DesiredIndex` (the first Service by namespace/name to claim a key wins).
+    """
+    from ipvsproxy.sync.index import DesiredIndex
+
     by_service: dict[tuple[str, str], list[EndpointSliceView]] = defaultdict(list)
     for s in slices:
-        if s.service_name and s.address_type != "FQDN":
+        if s.service_name:
             by_service[(s.namespace, s.service_name)].append(s)
-    out = _Builder()
-    for svc in sorted(services, key=lambda s: (s.namespace, s.name)):
-        if svc.type is ServiceType.EXTERNAL_NAME or svc.headless or PROXY_NAME_LABEL in svc.labels:
-            continue
-        choice = resolve(svc.annotations, config.scheduler)
-        if choice.warning:
-            out.warnings.append(f"Service {svc.ref}: {choice.warning}")
-        slices_of = by_service.get((svc.namespace, svc.name), [])
-        for port in svc.ports:
-            backends = _backends(slices_of, port)
-            for front in _frontends(svc, port, node, config):
-                vs = _virtual_server(front, port, svc, choice)
-                rss = _real_servers(backends, front, svc, node.name)
-                access = Access(
-                    front.reach,
-                    local=front.external and svc.external_local,
-                    source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
-                )
-                origin = f"{svc.ref}:{port.name or port.port}"
-                out.add(vs, rss, bind=front.bind, origin=origin, access=access)
-                out.local.update(ep.address for ep, _ in backends if ep.node_name == node.name)
-    return out.build()
+    index = DesiredIndex()
+    for svc in services:
+        ref = (svc.namespace, svc.name)
+        index.update(ref, translate_service(svc, by_service.get(ref, ()), node, config))
+    return index.desired()
+
+
+def translate_service(
+    svc: ServiceView,
+    slices: Iterable[EndpointSliceView],
+    node: NodeView,
+    config: Config,
+) -> Contribution:
+    """What one Service asks of IPVS on this node (pure; kube-proxy's IPVS semantics)."""
+    if svc.type is ServiceType.EXTERNAL_NAME or svc.headless or PROXY_NAME_LABEL in svc.labels:
+        return Contribution()
+    slices = [s for s in slices if s.address_type != "FQDN"]
+    choice = resolve(svc.annotations, config.scheduler)
+    warnings = [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
+    entries: dict[VSKey, Entry] = {}
+    local: set[IPAddress] = set()
+    for port in svc.ports:
+        backends = _backends(slices, port)
+        local.update(ep.address for ep, _ in backends if ep.node_name == node.name)
+        origin = f"{svc.ref}:{port.name or port.port}"
+        for front in _frontends(svc, port, node, config):
+            vs = _virtual_server(front, port, svc, choice)
+            seen = entries.get(vs.key)
+            if seen is not None:
+                if seen.origin != origin:  # the same Service listing an IP twice is harmless
+                    warnings.append(f"Service {origin}: {vs.key} is already used by {seen.origin}")
+                continue
+            access = Access(
+                front.reach,
+                local=front.external and svc.external_local,
+                source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
+            )
+            rss = _real_servers(backends, front, svc, node.name)
+            entries[vs.key] = Entry(vs, {rs.key: rs for rs in rss}, front.bind, origin, access)
+    return Contribution(entries, frozenset(local), tuple(warnings))
 
 
 def _frontends(
@@ -197,43 +239,3 @@ def _real_servers(
     if not usable:  # upstream: fall back to serving-and-terminating endpoints
         usable = [(ep, n) for ep, n in candidates if ep.serving and ep.terminating]
     return [RealServer(RSKey(ep.address, n)) for ep, n in usable]
-
-
-class _Builder:
-    """Accumulates virtual servers; the first Service (by namespace/name) to claim a key wins."""
-
-    def __init__(self) -> None:
-        self.services: dict[VSKey, VirtualServer] = {}
-        self.dests: dict[VSKey, dict[RSKey, RealServer]] = {}
-        self.bound: set[IPAddress] = set()
-        self.origins: dict[VSKey, str] = {}
-        self.access: dict[VSKey, Access] = {}
-        self.warnings: list[str] = []
-        self.local: set[IPAddress] = set()
-
-    def add(
-        self,
-        vs: VirtualServer,
-        rss: list[RealServer],
-        *,
-        bind: bool,
-        origin: str,
-        access: Access = Access(Reach.CLUSTER_IP),
-    ) -> None:
-        owner = self.origins.get(vs.key)
-        if owner is not None:
-            if owner != origin:  # the same Service listing an IP twice is harmless
-                self.warnings.append(f"Service {origin}: {vs.key} is already used by {owner}")
-            return
-        self.services[vs.key] = vs
-        self.dests[vs.key] = {rs.key: rs for rs in rss}
-        self.origins[vs.key] = origin
-        self.access[vs.key] = access
-        if bind:
-            self.bound.add(vs.key.address)
-
-    def build(self) -> Desired:
-        state = IpvsState(self.services, self.dests, frozenset(self.bound))
-        return Desired(
-            state, self.origins, tuple(self.warnings), self.access, frozenset(self.local)
-        )

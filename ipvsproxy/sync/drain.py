@@ -46,6 +46,11 @@ class Drainer:
         self._clock = clock
         self._started: dict[tuple[VSKey, RSKey], float] = {}
 
+    def keys(self) -> set[VSKey]:
+        """The virtual servers with a destination draining (a partial sync must look at
+        them: their connection counts decide when each drain ends)."""
+        return {vs for vs, _ in self._started}
+
     def hold(
         self,
         desired: IpvsState,

@@ -1,24 +1,38 @@
-"""One sync pass: desired state, observe, hold draining endpoints, plan, apply.
+"""The IPVS part of a sync pass: hold draining endpoints, plan, apply (over any `Kernel`).
 
-Owns: `sync()` (the level-triggered pass over a `Kernel`) and `SyncResult`. Each pass rebuilds
-the whole desired state and diffs it against a fresh observation; with nothing changed the
-plan is empty and nothing is written to the kernel.
+Owns: `plan_pass()` (desired and observed state of the keys looked at -> the operations, with
+removed endpoints held at weight 0 while they drain), `apply_pass()` and `SyncResult`, and
+`sync()`, one whole level-triggered pass (observe everything, plan, apply) for tools and
+tests. The agent's pipeline (ipvsproxy/pipeline.py) calls the same two steps, on the whole
+table at a full resync and on the changed virtual servers only in between.
 
 Imports: sync.desired, sync.drain, sync.ownership, sync.plan, kernel, api, config, model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ipvsproxy.api import NodeView
 from ipvsproxy.config import Config
 from ipvsproxy.kernel import ApplyReport, Kernel, Plan
-from ipvsproxy.model import IpvsState
+from ipvsproxy.model import IpvsState, VSKey
 from ipvsproxy.sync.desired import Desired
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.ownership import ownership_for
+from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.plan import plan
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The IPVS operations of one pass and the states they were planned from."""
+
+    plan: Plan
+    state: IpvsState  # what is asked of the kernel (desired plus draining destinations)
+    observed: IpvsState
+    draining: int = 0
+    released: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +44,32 @@ class SyncResult:
     released: int = 0
 
 
+def plan_pass(
+    kernel: Kernel,
+    desired: IpvsState,
+    observed: IpvsState,
+    *,
+    ownership: Ownership,
+    drainer: Drainer | None = None,
+    manage_addresses: bool = True,
+) -> Planned:
+    """Operations turning `observed` into `desired`, removed endpoints drained first."""
+    state, draining, released = desired, 0, 0
+    if drainer is not None:
+        held = drainer.hold(desired, observed, connections=kernel.connections)
+        state, draining, released = held.state, held.draining, held.released
+    ops = plan(state, observed, ownership=ownership, manage_addresses=manage_addresses)
+    return Planned(ops, state, observed, draining, released)
+
+
+def apply_pass(
+    kernel: Kernel, planned: Planned, *, names: Mapping[VSKey, str], repair: bool = False
+) -> SyncResult:
+    """Apply the plan (an empty one too when `repair`: the backend rewrites damage)."""
+    report = kernel.apply(planned.plan, names=names) if planned.plan or repair else ApplyReport()
+    return SyncResult(planned.plan, report, planned.state, planned.draining, planned.released)
+
+
 def sync(
     kernel: Kernel,
     desired: Desired,
@@ -38,12 +78,13 @@ def sync(
     *,
     drainer: Drainer | None = None,
 ) -> SyncResult:
-    """One level-triggered pass: observe, plan against the desired state, apply."""
+    """One whole level-triggered pass: observe, plan against the desired state, apply."""
     observed = kernel.observe()
-    state, draining, released = desired.state, 0, 0
-    if drainer is not None:
-        held = drainer.hold(desired.state, observed, connections=kernel.connections)
-        state, draining, released = held.state, held.draining, held.released
-    ops = plan(state, observed, ownership=ownership_for(config, node.addresses))
-    report = kernel.apply(ops, names=desired.origins) if ops or kernel.damage() else ApplyReport()
-    return SyncResult(ops, report, state, draining, released)
+    planned = plan_pass(
+        kernel,
+        desired.state,
+        observed,
+        ownership=ownership_for(config, node.addresses),
+        drainer=drainer,
+    )
+    return apply_pass(kernel, planned, names=desired.origins, repair=bool(kernel.damage()))

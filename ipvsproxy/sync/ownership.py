@@ -10,6 +10,8 @@ when all of these hold:
      b. its address is inside a `--service-cidr` range (the cluster's Service VIP ranges);
      c. its address is one of this node's NodePort addresses and its port is inside
         `--service-node-port-range` (default 30000-32767).
+  4. or this process wanted it earlier (`known`): a NodePort on an address the node has
+     since lost is still ipvsproxy's to delete.
 Everything else (keepalived's VIPs, an administrator's `ipvsadm -A`, fwmark services) is
 foreign: never updated, never deleted, destinations never touched.
 
@@ -18,6 +20,7 @@ Imports: config, model.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 from ipvsproxy.config import Config
@@ -30,13 +33,18 @@ class Ownership:
     exclude_cidrs: tuple[IPNetwork, ...] = ()
     nodeport_addresses: frozenset[IPAddress] = frozenset()
     nodeport_range: tuple[int, int] = (30000, 32767)
+    known: Container[VSKey] = frozenset()  # virtual servers this process has wanted
 
     def claims(self, key: VSKey, bound: frozenset[IPAddress]) -> bool:
         """Whether an existing virtual server that is not desired is ipvsproxy's to delete."""
         address = key.address
         if key.fwmark or any(address in net for net in self.exclude_cidrs):
             return False
-        if address in bound or any(address in net for net in self.service_cidrs):
+        if (
+            key in self.known
+            or address in bound
+            or any(address in net for net in self.service_cidrs)
+        ):
             return True
         low, high = self.nodeport_range
         return address in self.nodeport_addresses and low <= key.port <= high

@@ -1,9 +1,18 @@
-"""The latest API objects, fed by the watchers (or the manifest source), read by the sync loop.
+"""The latest API objects, parsed once as they arrive, and which Services they touch.
 
-Owns: `Tracker`, a thread-safe store of the newest raw object per kind and namespaced name.
-Watchers call `replace()` after each list and `event()` per watch event; every change calls
-`on_change(kind)` (which asks the runner for a sync). The sync thread takes a `snapshot()`.
-Events only mark state dirty; the sync rebuilds everything from the snapshot (level-triggered).
+Owns: `Tracker`, a thread-safe store of the newest view per kind and namespaced name, fed by
+the watchers (or the manifest source): `replace()` after each list, `event()` per watch event.
+Every object is parsed into its frozen view (api.py) the moment it arrives and the raw JSON is
+dropped (managedFields, last-applied annotations and every other unused field with it), so a
+sync never parses again and memory holds only what ipvsproxy reads. A malformed object is
+absent (as if deleted) and its warning is kept until it is fixed or removed.
+
+Each change marks the Services it touches dirty: a Service by its name, an EndpointSlice by
+its `kubernetes.io/service-name` label (before and after the change), this node's Node object
+all of them (node addresses and names change every Service's translation). The sync thread
+calls `take()`: the dirty Services' views and slices, and clears the marks, so a sync
+translates only what changed (sync/pipeline.py). `take(everything=True)` hands over all of
+them (full resyncs, `diff`).
 
 `synced()` is the guard against a partial view: until every required kind has listed once,
 nothing may be programmed, or a restart would delete rules for objects not yet seen.
@@ -18,32 +27,51 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ipvsproxy.api import RawObject
+from ipvsproxy.api import (
+    EndpointSliceView,
+    Malformed,
+    NodeView,
+    RawObject,
+    Ref,
+    ServiceView,
+    describe,
+    parse_node,
+    parse_service,
+    parse_slice,
+)
 
 SERVICE, SLICE, NODE = "Service", "EndpointSlice", "Node"
-API_VERSIONS = {SERVICE: "v1", SLICE: "discovery.k8s.io/v1", NODE: "v1"}
 
 # EndpointSlice annotation set by the endpoint controllers: when the change that produced this
 # slice happened (for kubeproxy_network_programming_duration_seconds).
 TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 
-
-def _key(obj: RawObject) -> tuple[str, str]:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return ("", "")
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def _with_kind(kind: str, obj: RawObject) -> dict[str, Any]:
-    """List items carry no kind/apiVersion (see the API's list format): add them back."""
-    return {**obj, "kind": kind, "apiVersion": obj.get("apiVersion") or API_VERSIONS[kind]}
+View = ServiceView | EndpointSliceView | NodeView
+_PARSERS: Mapping[str, Callable[[RawObject], View]] = {
+    SERVICE: parse_service,
+    SLICE: parse_slice,
+    NODE: parse_node,
+}
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    objects: tuple[RawObject, ...]
-    trigger_times: tuple[str, ...]  # TRIGGER_TIME annotations of slices changed since the last
+class Changes:
+    """What a sync needs: the dirty Services (None = gone) with their slices, and the node."""
+
+    services: Mapping[Ref, ServiceView | None]
+    slices: Mapping[Ref, tuple[EndpointSliceView, ...]]  # per dirty Service
+    node: NodeView | None  # this node's view (None: not listed, or absent)
+    everything: bool  # `services` holds every Service (the first take, a node change)
+    warnings: tuple[str, ...]  # every malformed object currently in the input
+    trigger_times: tuple[str, ...] = ()  # TRIGGER_TIME of slices changed since the last take
+
+
+def _key(obj: RawObject) -> Ref:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ("", "")
+    namespace, name = meta.get("namespace"), meta.get("name")
+    return (namespace if isinstance(namespace, str) else "", name if isinstance(name, str) else "")
 
 
 class Tracker:
@@ -52,52 +80,164 @@ class Tracker:
         *,
         required: Iterable[str] = (SERVICE, SLICE),
         on_change: Callable[[str], None] = lambda kind: None,
+        node_name: str = "",
     ) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._required = frozenset(required)
         self._on_change = on_change
+        self._node_name = node_name
+        self._listed: set[str] = set()
+        self._services: dict[Ref, ServiceView] = {}
+        self._slices: dict[Ref, EndpointSliceView] = {}
+        self._by_service: dict[Ref, dict[Ref, EndpointSliceView]] = {}
+        self._nodes: dict[str, NodeView] = {}
+        self._warnings: dict[tuple[str, Ref], str] = {}
+        self._dirty: set[Ref] = set()
+        self._everything = True  # the first take hands over everything
         self._triggers: list[str] = []
+
+    # ---- feeding (watcher threads) ----------------------------------------------------------
 
     def replace(self, kind: str, objects: Iterable[RawObject]) -> None:
         """A complete list of `kind`: what was not listed is gone."""
-        fresh = {_key(obj): _with_kind(kind, obj) for obj in objects}
+        fresh = {_key(obj): obj for obj in objects}
         with self._lock:
-            changed = self._objects.get(kind) != fresh
-            self._objects[kind] = fresh
+            changed = kind not in self._listed
+            self._listed.add(kind)
+            for key in self._keys(kind) - fresh.keys():
+                changed = self._store(kind, key, None) or changed
+            for key, obj in fresh.items():
+                changed = self._store(kind, key, obj) or changed
         if changed:
             self._on_change(kind)
 
     def event(self, kind: str, event_type: str, obj: RawObject) -> None:
         """One watch event: ADDED, MODIFIED or DELETED (BOOKMARK and ERROR are not for us)."""
-        key = _key(obj)
+        if event_type not in ("ADDED", "MODIFIED", "DELETED"):
+            return
         with self._lock:
-            store = self._objects.setdefault(kind, {})
-            if event_type == "DELETED":
-                if store.pop(key, None) is None:
-                    return
-            elif event_type in ("ADDED", "MODIFIED"):
-                store[key] = _with_kind(kind, obj)
-                trigger = _annotation(obj, TRIGGER_TIME) if kind == SLICE else None
-                if trigger:
-                    self._triggers.append(trigger)
-            else:
-                return
-        self._on_change(kind)
+            changed = self._store(kind, _key(obj), None if event_type == "DELETED" else obj)
+        if changed:
+            self._on_change(kind)
+
+    def _keys(self, kind: str) -> set[Ref]:
+        if kind == SERVICE:
+            return set(self._services)
+        if kind == SLICE:
+            return set(self._slices)
+        return {("", name) for name in self._nodes}
+
+    def _store(self, kind: str, key: Ref, obj: RawObject | None) -> bool:
+        """Parse and store one object (None: delete it); mark what it touches dirty.
+        Whether anything changed."""
+        view: View | None = None
+        warning = self._warnings.pop((kind, key), None)
+        if obj is not None:
+            try:
+                view = _PARSERS[kind](obj)
+            except (Malformed, TypeError, ValueError, AttributeError, KeyError) as exc:
+                self._warnings[(kind, key)] = f"skipping malformed {kind} {describe(obj)}: {exc}"
+        changed = warning != self._warnings.get((kind, key))
+        if kind == SERVICE:
+            if self._services.get(key) != view:
+                self._put(self._services, key, view)
+                self._dirty.add(key)
+                changed = True
+        elif kind == SLICE:
+            changed = self._store_slice(key, view) or changed  # type: ignore[arg-type]
+            trigger = _annotation(obj, TRIGGER_TIME) if obj is not None else None
+            if trigger and view is not None:
+                self._triggers.append(trigger)
+        elif kind == NODE:
+            changed = self._store_node(key[1], view) or changed  # type: ignore[arg-type]
+        return changed
+
+    def _store_slice(self, key: Ref, view: EndpointSliceView | None) -> bool:
+        old = self._slices.get(key)
+        if old == view:
+            return False
+        self._put(self._slices, key, view)
+        for s in (old, view):
+            if s is None or not s.service_name:
+                continue
+            owner = (s.namespace, s.service_name)
+            self._dirty.add(owner)
+            members = self._by_service.setdefault(owner, {})
+            if s is view:
+                members[key] = s
+            elif members.get(key) is s:
+                del members[key]
+            if not members:
+                del self._by_service[owner]
+        return True
+
+    def _store_node(self, name: str, view: NodeView | None) -> bool:
+        if self._nodes.get(name) == view:
+            return False
+        if view is None:
+            del self._nodes[name]
+        else:
+            self._nodes[name] = view
+        if not self._node_name or name == self._node_name:
+            self._everything = True
+        return True
+
+    @staticmethod
+    def _put(store: dict[Ref, Any], key: Ref, view: object) -> None:
+        if view is None:
+            store.pop(key, None)
+        else:
+            store[key] = view
+
+    # ---- reading (the sync thread) -------------------------------------------------------------
 
     def synced(self) -> bool:
         with self._lock:
-            return self._required <= self._objects.keys()
+            return self._required <= self._listed
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {kind: len(store) for kind, store in self._objects.items()}
+            counts = {SERVICE: len(self._services), SLICE: len(self._slices)}
+            if NODE in self._listed:
+                counts[NODE] = len(self._nodes)
+            return {kind: n for kind, n in counts.items() if kind in self._listed}
 
-    def snapshot(self) -> Snapshot:
+    def pending(self) -> bool:
+        """Whether a take() would hand over any Service."""
         with self._lock:
-            objects = tuple(obj for store in self._objects.values() for obj in store.values())
+            return self._everything or bool(self._dirty)
+
+    def take(self, *, everything: bool = False) -> Changes:
+        """The dirty Services (all of them after a node change, or when asked) and their
+        slices; clears the marks."""
+        with self._lock:
+            everything = everything or self._everything
+            refs = self._dirty | self._services.keys() if everything else self._dirty
+            services = {ref: self._services.get(ref) for ref in refs}
+            slices = {
+                ref: tuple(self._by_service.get(ref, {}).values())
+                for ref, svc in services.items()
+                if svc is not None
+            }
             triggers, self._triggers = tuple(self._triggers), []
-        return Snapshot(objects, triggers)
+            self._dirty, self._everything = set(), False
+            return Changes(
+                services=services,
+                slices=slices,
+                node=self._nodes.get(self._node_name) if self._node_name else None,
+                everything=everything,
+                warnings=tuple(self._warnings.values()),
+                trigger_times=triggers,
+            )
+
+    def views(self, kind: str) -> tuple[View, ...]:
+        """Every current view of one kind (tests, tools)."""
+        with self._lock:
+            if kind == SERVICE:
+                return tuple(self._services.values())
+            if kind == SLICE:
+                return tuple(self._slices.values())
+            return tuple(self._nodes.values())
 
 
 def _annotation(obj: RawObject, name: str) -> str | None:

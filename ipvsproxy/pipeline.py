@@ -1,0 +1,299 @@
+"""The one sync pipeline: changed Services in, IPVS table and companion rules out.
+
+Owns: `Pipeline`, `PassPlan`, `PassResult`. `diff`, `run --once` and the agent all use it and
+differ only in what they do with a plan: `diff` renders it, `run --once` applies one full
+pass, the agent (daemon.py) runs passes in a loop.
+
+A pass is full or partial:
+- **full** (the first, every `--sync-period`, after the node changed): the kernel is observed
+  (IPVS table, addresses, the fallback's chains, the companion's sets and chains), the whole
+  desired state is planned against it, and drift is repaired;
+- **partial** (on a change, between full ones): only the virtual servers of the Services that
+  changed (plus those with endpoints draining, and those whose last operation failed) are
+  planned, against the table as last observed and since changed by what this pipeline
+  applied (`Table`). Nothing is read from the kernel but the draining servers' connection
+  counts, so a partial pass costs what changed, not what exists.
+
+The tracker (sync/tracker.py) hands over the changed Services already parsed; each one is
+translated (`translate_service`) into the `DesiredIndex`, which says which virtual servers
+may have changed. The full and the partial path plan with the same functions (sync/engine.py).
+
+Imports: companion, sync.*, kernel, model, config, api, errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from ipvsproxy.api import NodeView
+from ipvsproxy.companion.conntrack import forget_udp
+from ipvsproxy.companion.kernel import Companion, CompanionPlan
+from ipvsproxy.companion.sets import wanted
+from ipvsproxy.companion.step import options_for
+from ipvsproxy.config import Config
+from ipvsproxy.errors import AlreadyExists, KernelError, NotFound
+from ipvsproxy.kernel import ApplyReport, Kernel
+from ipvsproxy.model import (
+    AddDest,
+    AddService,
+    BindAddress,
+    DeleteDest,
+    DeleteService,
+    IPAddress,
+    IpvsState,
+    Op,
+    Proto,
+    RealServer,
+    RSKey,
+    UnbindAddress,
+    UpdateDest,
+    UpdateService,
+    VirtualServer,
+    VSKey,
+)
+from ipvsproxy.sync.desired import node_warnings, translate_service
+from ipvsproxy.sync.drain import Drainer
+from ipvsproxy.sync.engine import Planned, SyncResult, apply_pass, plan_pass
+from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.ownership import Ownership, ownership_for
+from ipvsproxy.sync.tracker import Changes
+
+log = logging.getLogger("ipvsproxy.sync")
+
+
+class Table:
+    """The kernel's IPVS table and bound addresses as far as this process knows them: what
+    the last full observation saw, advanced by every operation applied since."""
+
+    def __init__(self) -> None:
+        self.services: dict[VSKey, VirtualServer] = {}
+        self.dests: dict[VSKey, dict[RSKey, RealServer]] = {}
+        self.bound: set[IPAddress] = set()
+
+    def seed(self, state: IpvsState) -> None:
+        self.services = dict(state.services)
+        self.dests = {key: dict(dests) for key, dests in state.dests.items()}
+        self.bound = set(state.bound)
+
+    def advance(self, ops: Iterable[Op]) -> None:
+        """Record operations the kernel executed."""
+        for op in ops:
+            match op:
+                case AddService(vs) | UpdateService(vs):
+                    self.services[vs.key] = vs
+                    self.dests.setdefault(vs.key, {})
+                case DeleteService(key):
+                    self.services.pop(key, None)
+                    self.dests.pop(key, None)
+                case AddDest(key, rs) | UpdateDest(key, rs):
+                    self.dests.setdefault(key, {})[rs.key] = rs
+                case DeleteDest(key, rs_key):
+                    self.dests.get(key, {}).pop(rs_key, None)
+                case BindAddress(address):
+                    self.bound.add(address)
+                case UnbindAddress(address):
+                    self.bound.discard(address)
+
+    def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
+        services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
+        return IpvsState(
+            services,
+            {k: self.dests.get(k, {}) for k in services},
+            frozenset(a for a in addresses if a in self.bound),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PassPlan:
+    """Everything one pass would do, for `diff` to render or `apply()` to carry out."""
+
+    full: bool
+    ipvs: Planned
+    names: Mapping[VSKey, str]
+    repairs: tuple[str, ...] = ()  # damage to the backend's own objects, rewritten by apply
+    companion: CompanionPlan | None = None
+    companion_error: str = ""  # why the companion could not be planned ("" = it could)
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    full: bool
+    sync: SyncResult
+    companion_changes: int = 0
+    companion_error: str = ""  # why the companion part failed ("" = it did not)
+    forgotten: int = 0  # conntrack deletions asked for
+    virtual_servers: int = 0  # desired, in the whole table
+    real_servers: int = 0
+
+    @property
+    def stale(self) -> bool:
+        """The kernel contradicted what this process believed it holds (an object missing
+        or already there): someone changed it behind our back; a full pass is needed."""
+        return any(isinstance(f.error, NotFound | AlreadyExists) for f in self.sync.report.failures)
+
+    @property
+    def ok(self) -> bool:
+        return self.sync.report.ok and not self.companion_error
+
+
+@dataclass
+class Pipeline:
+    """Keeps one node's desired state and plans/applies passes against its kernel."""
+
+    kernel: Kernel
+    config: Config
+    companion: Companion | None = None
+    drainer: Drainer | None = None
+    manage_addresses: bool = True  # False: observed state from a saved ipvsadm file
+    index: DesiredIndex = field(default_factory=DesiredIndex)
+    table: Table = field(default_factory=Table)
+    node: NodeView | None = None
+    warnings: tuple[str, ...] = ()
+    _keys: set[VSKey] = field(default_factory=set)  # to look at in the next partial pass
+    _addresses: set[IPAddress] = field(default_factory=set)
+    _ownership: Ownership | None = None
+    _observed_once: bool = False
+    _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
+
+    def feed(self, changes: Changes) -> None:
+        """Translate the changed Services into the desired state."""
+        if changes.everything or self.node is None:
+            node = changes.node or NodeView(self.config.node_name)
+            if node != self.node:
+                self.node, self._ownership = node, None
+        assert self.node is not None
+        for ref, svc in changes.services.items():
+            contribution = (
+                translate_service(svc, changes.slices.get(ref, ()), self.node, self.config)
+                if svc is not None
+                else None
+            )
+            keys = self.index.update(ref, contribution)
+            self._keys |= keys
+            self._known |= keys
+        self.warnings = (
+            *changes.warnings,
+            *node_warnings(changes.node, self.config),
+            *self.index.warnings(),
+        )
+
+    @property
+    def ownership(self) -> Ownership:
+        if self._ownership is None:
+            addresses = self.node.addresses if self.node is not None else ()
+            self._ownership = replace(ownership_for(self.config, addresses), known=self._known)
+        return self._ownership
+
+    def plan(self, *, full: bool, observed: IpvsState | None = None) -> PassPlan:
+        """What one pass would change; `observed` replaces a full observation (diff of a
+        saved table). A partial pass before any full one is a full one."""
+        full = full or not self._observed_once or observed is not None
+        if full:
+            return self._plan_full(observed)
+        keys = self._keys | (self.drainer.keys() if self.drainer else set())
+        addresses = {k.address for k in keys} | self._addresses
+        ipvs = plan_pass(
+            self.kernel,
+            self.index.state_for(keys, addresses),
+            self.table.state_for(keys, addresses),
+            ownership=self.ownership,
+            drainer=self.drainer,
+            manage_addresses=self.manage_addresses,
+        )
+        return PassPlan(False, ipvs, self.index.names(keys), (), *self._companion_plan(ipvs))
+
+    def _plan_full(self, observed: IpvsState | None) -> PassPlan:
+        repairs: tuple[str, ...] = ()
+        if observed is None:
+            observed = self.kernel.observe()
+            repairs = self.kernel.damage()
+        desired = self.index.desired()
+        ipvs = plan_pass(
+            self.kernel,
+            desired.state,
+            observed,
+            ownership=self.ownership,
+            drainer=self.drainer,
+            manage_addresses=self.manage_addresses,
+        )
+        return PassPlan(True, ipvs, desired.origins, repairs, *self._companion_plan(ipvs))
+
+    def _companion_plan(self, ipvs: Planned) -> tuple[CompanionPlan | None, str]:
+        """The companion's plan for this pass, or why there is none."""
+        if self.companion is None or self.node is None:
+            return None, ""
+        self.companion.options = options_for(self.config, self.node)
+        state = ipvs.state
+        if len(state.services) != len(self.index):  # a partial pass: the rest as desired
+            dests = {**self.index.dests, **state.dests}
+            state = IpvsState(dict(self.index.services), dests, self.index.bound())
+        try:
+            return self.companion.plan(wanted(state, self.index.access())), ""
+        except KernelError as exc:
+            return None, str(exc)
+
+    def apply(self, planned: PassPlan) -> PassResult:
+        """Carry out a plan: IPVS first, then the companion sets and rules, then conntrack."""
+        ipvs = planned.ipvs
+        if planned.full:
+            self.table.seed(ipvs.observed)
+            self._observed_once = True
+        result = apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
+        failed = {failure.op for failure in result.report.failures}
+        applied = [op for op in ipvs.plan if op not in failed]
+        self.table.advance(applied)
+        self._known -= {op.key for op in applied if isinstance(op, DeleteService)}
+        self._keys, self._addresses = _retry_set(result.report)
+        changes, error = 0, planned.companion_error
+        forgotten = 0
+        if self.companion is not None:
+            if planned.companion and not error:
+                try:
+                    self.companion.apply(planned.companion)
+                    changes = len(planned.companion.describe())
+                except KernelError as exc:
+                    error = str(exc)
+            forgotten = forget_udp(self.companion.commands, _udp_gone(ipvs.plan, failed))
+        return PassResult(
+            planned.full,
+            result,
+            changes,
+            error,
+            forgotten,
+            len(self.index),
+            self.index.dest_count,
+        )
+
+    def sync(self, changes: Changes, *, full: bool) -> PassResult:
+        self.feed(changes)
+        return self.apply(self.plan(full=full))
+
+
+def _retry_set(report: ApplyReport) -> tuple[set[VSKey], set[IPAddress]]:
+    """What the next partial pass must look at again: whatever a failed operation touched."""
+    keys: set[VSKey] = set()
+    addresses: set[IPAddress] = set()
+    for failure in report.failures:
+        match failure.op:
+            case AddService(vs) | UpdateService(vs):
+                keys.add(vs.key)
+            case DeleteService(key) | AddDest(key, _) | UpdateDest(key, _) | DeleteDest(key, _):
+                keys.add(key)
+            case BindAddress(address) | UnbindAddress(address):
+                addresses.add(address)
+    return keys, addresses
+
+
+def _udp_gone(ops: Iterable[Op], failed: set[Op]) -> list[tuple[VSKey, RSKey | None]]:
+    """UDP destinations and virtual servers removed by this pass (their flows must go)."""
+    gone: list[tuple[VSKey, RSKey | None]] = []
+    for op in ops:
+        if op in failed:
+            continue
+        if isinstance(op, DeleteDest) and op.service.proto is Proto.UDP:
+            gone.append((op.service, op.key))
+        elif isinstance(op, DeleteService) and op.key.proto is Proto.UDP:
+            gone.append((op.key, None))
+    return gone

@@ -1,0 +1,147 @@
+"""The desired state of the whole node, kept up to date one Service at a time (pure).
+
+Owns: `DesiredIndex`. Each Service's translation (a `Contribution`, see desired.py) goes in
+with `update(ref, contribution)`, which returns the virtual-server keys whose desired entry
+may have changed; the index keeps who claims each key (the first Service by namespace/name
+wins, as in a from-scratch translation), the winning entries as the desired IPVS table, the
+addresses to bind, and this node's endpoint addresses. `state_for(keys, addresses)` is the
+desired state restricted to what a partial sync looks at; `desired()` the whole of it.
+
+`desired_state()` (desired.py) builds a fresh index from every Service, so the full and the
+incremental path share this code; a property test proves them equal over random sequences.
+
+Imports: sync.desired (types), model.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+
+from ipvsproxy.api import Ref
+from ipvsproxy.model import IPAddress, IpvsState, RealServer, RSKey, VirtualServer, VSKey
+from ipvsproxy.sync.desired import Access, Contribution, Desired, Entry
+
+_EMPTY = Contribution()
+
+
+class DesiredIndex:
+    def __init__(self) -> None:
+        self._contributions: dict[Ref, Contribution] = {}
+        self._claims: dict[VSKey, list[Ref]] = {}  # claimants of each key, sorted
+        self._winners: dict[VSKey, Entry] = {}
+        self.services: dict[VSKey, VirtualServer] = {}
+        self.dests: dict[VSKey, Mapping[RSKey, RealServer]] = {}
+        self._binders: dict[IPAddress, int] = {}  # winning entries binding each address
+        self._local: dict[IPAddress, int] = {}  # Services with an endpoint here at the address
+        self._warned: set[Ref] = set()  # contributions with warnings of their own
+        self._conflicts: set[VSKey] = set()  # keys claimed by more than one Service
+        self.dest_count = 0  # destinations of all desired virtual servers
+
+    def __len__(self) -> int:
+        return len(self.services)
+
+    def update(self, ref: Ref, contribution: Contribution | None) -> set[VSKey]:
+        """Replace what Service `ref` asks for (None: it is gone); the keys that may change."""
+        old = self._contributions.pop(ref, _EMPTY)
+        new = contribution or _EMPTY
+        self._count(self._local, old.local, -1)
+        self._count(self._local, new.local, +1)
+        if new.entries or new.local or new.warnings:
+            self._contributions[ref] = new
+        if new.warnings:
+            self._warned.add(ref)
+        else:
+            self._warned.discard(ref)
+        for key in old.entries.keys() - new.entries.keys():
+            claims = self._claims[key]
+            del claims[bisect.bisect_left(claims, ref)]
+            if not claims:
+                del self._claims[key]
+        for key in new.entries.keys() - old.entries.keys():
+            bisect.insort(self._claims.setdefault(key, []), ref)
+        keys = old.entries.keys() | new.entries.keys()
+        for key in keys:
+            if len(self._claims.get(key, ())) > 1:
+                self._conflicts.add(key)
+            else:
+                self._conflicts.discard(key)
+            self._settle(key)
+        return keys
+
+    def _settle(self, key: VSKey) -> None:
+        """Make the first claimant's entry the desired one for `key`."""
+        before = self._winners.pop(key, None)
+        if before is not None:
+            self.dest_count -= len(before.dests)
+            if before.bind:
+                self._count(self._binders, (key.address,), -1)
+        claims = self._claims.get(key)
+        if not claims:
+            self.services.pop(key, None)
+            self.dests.pop(key, None)
+            return
+        entry = self._contributions[claims[0]].entries[key]
+        self._winners[key] = entry
+        self.services[key] = entry.vs
+        self.dests[key] = entry.dests
+        self.dest_count += len(entry.dests)
+        if entry.bind:
+            self._count(self._binders, (key.address,), +1)
+
+    @staticmethod
+    def _count(counts: dict[IPAddress, int], addresses: Iterable[IPAddress], step: int) -> None:
+        for address in addresses:
+            n = counts.get(address, 0) + step
+            if n:
+                counts[address] = n
+            else:
+                del counts[address]
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def entry(self, key: VSKey) -> Entry | None:
+        return self._winners.get(key)
+
+    def is_bound(self, address: IPAddress) -> bool:
+        return address in self._binders
+
+    def local_endpoints(self) -> frozenset[IPAddress]:
+        return frozenset(self._local)
+
+    def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
+        """The desired state of these virtual servers and addresses only."""
+        services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
+        return IpvsState(
+            services,
+            {k: self.dests[k] for k in services},
+            frozenset(a for a in addresses if a in self._binders),
+        )
+
+    def bound(self) -> frozenset[IPAddress]:
+        return frozenset(self._binders)
+
+    def access(self) -> dict[VSKey, Access]:
+        return {k: e.access for k, e in self._winners.items()}
+
+    def names(self, keys: Iterable[VSKey]) -> dict[VSKey, str]:
+        return {k: e.origin for k in keys if (e := self._winners.get(k)) is not None}
+
+    def warnings(self) -> tuple[str, ...]:
+        """The Services' own warnings, then every key claimed by more than one Service."""
+        out = [w for ref in sorted(self._warned) for w in self._contributions[ref].warnings]
+        for key in sorted(self._conflicts):
+            claims, owner = self._claims[key], self._winners[key].origin
+            out += [
+                f"Service {self._contributions[ref].entries[key].origin}: {key} is already "
+                f"used by {owner}"
+                for ref in claims[1:]
+            ]
+        return tuple(out)
+
+    def desired(self) -> Desired:
+        """The whole desired state (copies: safe to keep while the index changes)."""
+        state = IpvsState(dict(self.services), dict(self.dests), frozenset(self._binders))
+        access: dict[VSKey, Access] = {k: e.access for k, e in self._winners.items()}
+        origins = {k: e.origin for k, e in self._winners.items()}
+        return Desired(state, origins, self.warnings(), access, self.local_endpoints())
