@@ -59,6 +59,10 @@ class SetIndex:
                 self._members[entry[0]].add(entry[1])
             self._count[entry] = count + 1
 
+    def keys(self) -> frozenset[VSKey]:
+        """The virtual servers that contribute entries now."""
+        return frozenset(self._by_key)
+
     def update_from(
         self,
         keys: Iterable[VSKey],

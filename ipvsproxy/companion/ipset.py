@@ -100,6 +100,22 @@ def _numeric(entry: str) -> str:
     return f"{address}{comma}{number}:{tail}"
 
 
+def host_after(before: SetState, changes: Iterable[SetChange]) -> SetState:
+    """What the host holds once these changes are written over `before` (pure): what a
+    full sync seeds a `SetIndex` with, without observing the host again."""
+    sets = dict(before.sets)
+    maxelem = dict(before.maxelem)
+    for change in changes:
+        if change.create or change.swap:
+            sets[change.name] = (change.kind, change.version, change.wanted)
+            maxelem[change.name] = maxelem_for(len(change.wanted))
+            continue
+        _, _, entries = sets[change.name]
+        entries = (entries | frozenset(change.add)) - frozenset(change.delete)
+        sets[change.name] = (change.kind, change.version, entries)
+    return SetState(sets, maxelem)
+
+
 def parse_names(text: str) -> list[str]:
     """ipvsproxy's set names (prefix `IPVSPROXY-`) from `ipset list -n`."""
     return [name for name in text.split() if name.startswith(SET_PREFIX)]

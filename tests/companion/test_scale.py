@@ -283,3 +283,113 @@ def test_a_set_growing_past_half_its_capacity_is_rebuilt_by_the_index():
     assert change.swap
     assert len(change.wanted) == 32_769
     assert "maxelem 131072" in ipset_script((change,)).splitlines()[1]
+
+
+# ---- the pipeline's two entry points against a fake ipset ---------------------------------
+
+NUMBERS = {"6": "tcp", "17": "udp", "132": "sctp"}
+
+
+class FakeHost:
+    """ipset (restore scripts, list -n, save) in memory, and empty iptables: a fake that
+    fails like the tool (create of an existing set, add over maxelem, del of a missing
+    entry without -exist, swap of unlike sets)."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, tuple[str, int, int, set[str]]] = {}  # kind, version, maxelem
+        self.ran: list[list[str]] = []
+        self.prefix = ()
+
+    def run(self, args, *, stdin=None):
+        self.ran.append(list(args))
+        if args[0] in {"iptables-save", "ip6tables-save", "conntrack"}:
+            return ""
+        if args[0] in {"iptables-restore", "ip6tables-restore"}:
+            return ""
+        if args[:3] == ["ipset", "list", "-n"]:
+            return "".join(name + "\n" for name in self.sets)
+        assert args[:2] == ["ipset", "restore"]
+        out = []
+        for line in (stdin or "").splitlines():
+            out.append(self._line(line.split(), exist="-exist" in args))
+        return "".join(out)
+
+    def _line(self, words, *, exist):
+        verb, name = words[0], words[1]
+        if verb == "save":
+            kind, version, maxelem, entries = self.sets[name]
+            family = "inet" if version == 4 else "inet6"
+            head = f"create {name} {kind} family {family} hashsize 1024 maxelem {maxelem}\n"
+            return head + "".join(f"add {name} {e}\n" for e in sorted(entries))
+        if verb == "create":
+            assert name not in self.sets, f"set {name} exists"
+            options = dict(zip(words[3::2], words[4::2], strict=False))
+            version = 4 if options["family"] == "inet" else 6
+            self.sets[name] = (words[2], version, int(options["maxelem"]), set())
+        elif verb == "destroy":
+            assert exist or name in self.sets
+            self.sets.pop(name, None)
+        elif verb == "swap":
+            a, b = self.sets[name], self.sets[words[2]]
+            assert a[:2] == b[:2], "swap of unlike sets"
+            self.sets[name], self.sets[words[2]] = b, a
+        else:
+            entry = words[2]
+            address, _, rest = entry.partition(",")
+            proto, colon, tail = rest.partition(":")
+            if colon and proto in NUMBERS:
+                entry = f"{address},{NUMBERS[proto]}:{tail}"
+            kind, version, maxelem, entries = self.sets[name]
+            if verb == "add":
+                assert exist or entry not in entries
+                entries.add(entry)
+                assert len(entries) <= maxelem, "set is full"
+            else:
+                assert exist or entry in entries
+                entries.discard(entry)
+        return ""
+
+    def held(self) -> dict[str, frozenset[str]]:
+        return {name: frozenset(e) for name, (_, _, _, e) in self.sets.items()}
+
+
+def synced(count: int, *, local: frozenset[IPAddress]):
+    from ipvsproxy.kernel import ApplyReport
+    from ipvsproxy.sync.desired import Desired
+    from ipvsproxy.sync.engine import SyncResult
+
+    vss = {
+        VirtualServer(VSKey(ip_address(f"10.96.{n >> 8}.{n & 255}"), 80, Proto.TCP)): [
+            RealServer(RSKey(ip_address(f"10.244.{n % 3}.{n & 255}"), 8080))
+        ]
+        for n in range(count)
+    }
+    state = state_of(vss, bound=frozenset(v.key.address for v in vss))
+    return SyncResult((), ApplyReport(), state), Desired(state, local_endpoints=local)
+
+
+def test_a_full_pass_seeds_the_index_and_partial_passes_write_only_changes_in_one_process():
+    from ipvsproxy.companion.step import after_partial_sync, after_sync
+
+    host = FakeHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    index = SetIndex(versions=(4,))
+    here = frozenset(ip_address(f"10.244.0.{n}") for n in range(256))  # node 0's pods
+    result, desired = synced(100, local=here)
+    assert after_sync(companion, result, desired, Options(), index=index).error == ""
+    assert index.take() == ()  # seeded with exactly what the full pass wrote
+    want = wanted(result.state, {}, local=here)
+    assert host.held() == {n: e for n, (_, v, e) in want.sets.items() if v == 4}
+    assert any(e.startswith("10.244.0.") for e in host.held()[LOOP_BACK])
+    assert not any(e.startswith("10.244.1.") for e in host.held()[LOOP_BACK])
+    for count in (300, 120, 121):  # grow (swapped in), shrink, one more (in place)
+        before = set(result.state.services)
+        result, desired = synced(count, local=here)
+        keys = before ^ set(result.state.services)
+        host.ran.clear()
+        extra = after_partial_sync(companion, result, desired, index, keys)
+        assert extra.error == ""
+        assert host.ran == [["ipset", "restore", "-exist"]]  # one process, no observation
+        want = wanted(result.state, {}, local=here)
+        assert host.held() == {n: e for n, (_, v, e) in want.sets.items() if v == 4}
+    assert extra.changes == 4  # CLUSTER-IP, SERVICE-PORTS, VIPS, LOOP-BACK (10.244.0.120)
