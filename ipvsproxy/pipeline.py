@@ -29,8 +29,9 @@ from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
 from ipvsproxy.companion.conntrack import forget_udp
-from ipvsproxy.companion.kernel import Companion, CompanionPlan
-from ipvsproxy.companion.sets import wanted
+from ipvsproxy.companion.index import SetIndex
+from ipvsproxy.companion.ipset import host_after
+from ipvsproxy.companion.kernel import Companion, CompanionPlan, Observed, plan_companion
 from ipvsproxy.companion.step import options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound
@@ -115,6 +116,7 @@ class PassPlan:
     repairs: tuple[str, ...] = ()  # damage to the backend's own objects, rewritten by apply
     companion: CompanionPlan | None = None
     companion_error: str = ""  # why the companion could not be planned ("" = it could)
+    companion_seen: Observed | None = None  # the host's sets and chains (full passes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,7 @@ class Pipeline:
     _ownership: Ownership | None = None
     _observed_once: bool = False
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
+    _sets: SetIndex | None = None  # the companion's sets, kept per virtual server
 
     def feed(self, changes: Changes) -> None:
         """Translate the changed Services into the desired state."""
@@ -202,7 +205,15 @@ class Pipeline:
             drainer=self.drainer,
             manage_addresses=self.manage_addresses,
         )
-        return PassPlan(False, ipvs, self.index.names(keys), (), *self._companion_plan(ipvs))
+        plan = PassPlan(False, ipvs, self.index.names(keys))
+        if self.companion is None:
+            return plan
+        sets = self._set_index()
+        try:  # only the sets of the virtual servers looked at; nothing read from the host
+            sets.update_from(keys, ipvs.state, self.index.access_of(keys), local=self.index.local)
+            return replace(plan, companion=CompanionPlan(sets.take()))
+        except KernelError as exc:
+            return replace(plan, companion_error=str(exc))
 
     def _plan_full(self, observed: IpvsState | None) -> PassPlan:
         repairs: tuple[str, ...] = ()
@@ -218,21 +229,26 @@ class Pipeline:
             drainer=self.drainer,
             manage_addresses=self.manage_addresses,
         )
-        return PassPlan(True, ipvs, desired.origins, repairs, *self._companion_plan(ipvs))
-
-    def _companion_plan(self, ipvs: Planned) -> tuple[CompanionPlan | None, str]:
-        """The companion's plan for this pass, or why there is none."""
+        plan = PassPlan(True, ipvs, desired.origins, repairs)
         if self.companion is None or self.node is None:
-            return None, ""
+            return plan
         self.companion.options = options_for(self.config, self.node)
-        state = ipvs.state
-        if len(state.services) != len(self.index):  # a partial pass: the rest as desired
-            dests = {**self.index.dests, **state.dests}
-            state = IpvsState(dict(self.index.services), dests, self.index.bound())
-        try:
-            return self.companion.plan(wanted(state, self.index.access())), ""
+        sets = self._set_index()
+        try:  # every set from scratch, against what the host holds (sets and chains)
+            sets.reset(ipvs.state, desired.access, local=desired.local_endpoints)
+            seen = self.companion.observe()
+            wanted = plan_companion(
+                sets.wanted(), seen, self.companion.options, self.companion.versions
+            )
+            return replace(plan, companion=wanted, companion_seen=seen)
         except KernelError as exc:
-            return None, str(exc)
+            return replace(plan, companion_error=str(exc))
+
+    def _set_index(self) -> SetIndex:
+        assert self.companion is not None
+        if self._sets is None:
+            self._sets = SetIndex(versions=self.companion.versions)
+        return self._sets
 
     def apply(self, planned: PassPlan) -> PassResult:
         """Carry out a plan: IPVS first, then the companion sets and rules, then conntrack."""
@@ -249,12 +265,7 @@ class Pipeline:
         changes, error = 0, planned.companion_error
         forgotten = 0
         if self.companion is not None:
-            if planned.companion and not error:
-                try:
-                    self.companion.apply(planned.companion)
-                    changes = len(planned.companion.describe())
-                except KernelError as exc:
-                    error = str(exc)
+            changes, error = self._apply_companion(planned)
             forgotten = forget_udp(self.companion.commands, _udp_gone(ipvs.plan, failed))
         return PassResult(
             planned.full,
@@ -265,6 +276,22 @@ class Pipeline:
             len(self.index),
             self.index.dest_count,
         )
+
+    def _apply_companion(self, planned: PassPlan) -> tuple[int, str]:
+        """Write the companion's plan; (changes written, error). After an error the set
+        index no longer knows the host: the next pass must be a full one."""
+        assert self.companion is not None
+        plan, error = planned.companion, planned.companion_error
+        try:
+            if plan and not error:
+                self.companion.apply(plan)
+            if planned.companion_seen is not None and plan is not None and not error:
+                self._set_index().seed(host_after(planned.companion_seen.sets, plan.sets))
+        except KernelError as exc:
+            error = str(exc)
+        if error:
+            self._observed_once = False
+        return (len(plan.describe()) if plan and not error else 0), error
 
     def sync(self, changes: Changes, *, full: bool) -> PassResult:
         self.feed(changes)

@@ -16,7 +16,7 @@ Imports: sync.desired (types), model.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 from ipvsproxy.api import Ref
 from ipvsproxy.model import IPAddress, IpvsState, RealServer, RSKey, VirtualServer, VSKey
@@ -108,6 +108,14 @@ class DesiredIndex:
 
     def local_endpoints(self) -> frozenset[IPAddress]:
         return frozenset(self._local)
+
+    @property
+    def local(self) -> Container[IPAddress]:
+        """This node's endpoint addresses (a live view)."""
+        return self._local.keys()
+
+    def access_of(self, keys: Iterable[VSKey]) -> dict[VSKey, Access]:
+        return {k: e.access for k in keys if (e := self._winners.get(k)) is not None}
 
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
         """The desired state of these virtual servers and addresses only."""

@@ -1,0 +1,100 @@
+"""The one pipeline with the companion: full passes observe the host, partial passes only write.
+
+FakeKernel for IPVS and the companion tests' FakeHost for ipset/iptables (it fails like the
+tools do). After every pass the host's sets equal what a from-scratch computation of the
+final objects wants; a partial pass runs at most one `ipset restore` (and no observation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.companion.sets import wanted
+from ipvsproxy.config import Config
+from ipvsproxy.errors import KernelError
+from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
+from ipvsproxy.testing import FakeKernel
+from tests.companion.test_scale import FakeHost
+from tests.factories import ep, node, service, slice_, translate
+
+CONFIG = Config(node_name="node-a")
+
+
+def objects(n: int, *, moved: bool = False) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [node()]
+    for i in range(n):
+        out.append(service(f"s{i}", cluster_ips=(f"10.96.0.{i + 1}",)))
+        here = "node-b" if moved and i == 0 else "node-a"
+        endpoints = [ep(f"10.244.0.{i + 1}", node=here), ep(f"10.244.1.{i + 1}", node="node-b")]
+        out.append(slice_(f"s{i}", endpoints=endpoints))
+    return out
+
+
+def host_wants(objs: list[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    desired = translate(*objs)
+    sets = wanted(desired.state, desired.access, local=desired.local_endpoints)
+    return {name: entries for name, (_, version, entries) in sets.sets.items() if version == 4}
+
+
+def feed(tracker: Tracker, objs: list[dict[str, Any]]) -> None:
+    for kind in (SERVICE, SLICE, NODE):
+        tracker.replace(kind, [o for o in objs if o["kind"] == kind])
+
+
+def test_full_then_partial_passes_keep_the_companion_sets_exact_without_observing():
+    host = FakeHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    kernel = FakeKernel()
+    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion)
+    tracker = Tracker(node_name="node-a")
+    objs = objects(5)
+    feed(tracker, objs)
+    result = pipeline.sync(tracker.take(), full=False)  # the first pass is full anyway
+    assert result.full
+    assert result.ok
+    assert host.held() == host_wants(objs)
+    assert "10.244.1.1,tcp:8080,10.244.1.1" not in host.held()["IPVSPROXY-LOOP-BACK"]
+
+    for step in (objects(6), objects(4), objects(4, moved=True)):
+        host.ran.clear()
+        feed(tracker, step)
+        result = pipeline.sync(tracker.take(), full=False)
+        assert not result.full
+        assert result.ok
+        assert host.ran == [["ipset", "restore", "-exist"]]  # no list, no save, no iptables
+        assert kernel.observations == 1
+        assert host.held() == host_wants(step)
+
+    host.ran.clear()
+    result = pipeline.sync(tracker.take(), full=False)  # nothing changed: nothing runs
+    assert host.ran == []
+    assert result.sync.plan == ()
+
+
+class FailingHost(FakeHost):
+    """FakeHost whose refusals come back as the tool's failure (Commands: KernelError)."""
+
+    def run(self, args, *, stdin=None):
+        try:
+            return super().run(args, stdin=stdin)
+        except (AssertionError, KeyError) as exc:
+            raise KernelError(f"{args[0]} failed: {exc}") from exc
+
+
+def test_a_failed_companion_write_makes_the_next_pass_full():
+    host = FailingHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(2))
+    pipeline.sync(tracker.take(), full=True)
+    del host.sets["IPVSPROXY-CLUSTER-IP"]  # someone destroys a set: the write fails
+    feed(tracker, objects(3))
+    result = pipeline.sync(tracker.take(), full=False)
+    assert result.companion_error
+    result = pipeline.sync(tracker.take(), full=False)
+    assert result.full  # observed again, and repaired
+    assert result.ok
+    assert host.held() == host_wants(objects(3))
