@@ -224,7 +224,8 @@ def test_manifest_source_rereads_changed_files_and_keeps_last_good(tmp_path, cap
     try:
         changes.clear()
         path.write_text(yaml.safe_dump_all([service("web"), web_slice("10.244.0.1", "10.244.0.2")]))
-        _eventually(lambda: changes == [SLICE])
+        _eventually(lambda: SLICE in changes)  # (a half-written file may count twice)
+        assert set(changes) == {SLICE}
         path.write_text("kind: [broken")
         _eventually(lambda: "keeping the last good ones" in caplog.text)
         assert tracker.counts()[SLICE] == 1
