@@ -1,0 +1,565 @@
+"""The whole path, as an operator meets it: issue 13's targets in one VM boot.
+
+Run inside the IPVS VM as root (scripts/bench-whole does that); prints a table. A generated
+cluster (bench/common.py `cluster()`: S Services x D endpoints, one in ten a NodePort, one
+in ten with two ports, endpoints over 5 nodes, this node `node-0` among them) is written as
+one JSON `List`; `ipvsproxy.sync.desired.from_objects` + `ipvsadm.render_save` give the
+exact virtual and real servers ipvsproxy should program, as `ipvsadm -R` input. Every
+measurement runs in a fresh network namespace (IPVS state, ipsets and iptables are per
+namespace) and every table is checked against `ipvsadm-save -n`.
+
+  row                               what is timed                              ratio to
+  ipvsadm -R (floor)                loading the rules                          itself
+  ipvsadm -S -n (floor)             dumping the loaded table                   itself
+  run --once, S x D / empty         the console script, whole process, exit 0  ipvsadm -R
+  run --once, marginal              the difference of the two                  ipvsadm -R
+  agent: first complete sync        process start -> the whole table in the    ipvsadm -R
+                                    kernel (polling /proc/net/ip_vs)
+  agent: idle periodic resync       the agent's own `sync: ... Ns` log line    ipvsadm -S -n
+  agent: one slice change           API write -> the new destination in the    seconds
+                                    kernel (polling its virtual server)
+  agent: event-driven sync          the agent's log line for that sync         seconds
+
+The agent runs against the test API server (tests/kubeapi.py: the real list/watch protocol
+over HTTPS), which runs in this process inside the agent's namespace and shares the VM's
+2 vCPUs with it. Compare ratios within one run only: the VM emulates every instruction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    BENCH_NODE,
+    NODE_PORT_EVERY,
+    NODES,
+    POD_NETWORK,
+    TWO_PORTS_EVERY,
+    RawObject,
+    cluster,
+    cluster_ip,
+    cluster_node,
+    fresh_netns,
+    pod_ip,
+    timed,
+)
+from integration.lab import inside  # noqa: E402
+from ipvsproxy.config import Config, parse_cidrs  # noqa: E402
+from ipvsproxy.ipvsadm import parse_save, render_save  # noqa: E402
+from ipvsproxy.model import IpvsState  # noqa: E402
+from ipvsproxy.sync.desired import from_objects  # noqa: E402
+
+SERVICE_CIDR = "10.96.0.0/16"
+IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
+NODE_FLAGS = [
+    "--hostname-override", BENCH_NODE,
+    "--service-cidr", SERVICE_CIDR,
+    "--cluster-cidr", POD_NETWORK,  # the companion's masquerade rules, as kube-proxy runs
+]  # fmt: skip
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def in_ns(ns: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", ns, *args], text=True, **kwargs)
+
+
+def saved(ns: str) -> IpvsState:
+    out = in_ns(ns, "ipvsadm-save", "-n", capture_output=True, check=True).stdout
+    return parse_save(out)
+
+
+def same_table(ns: str, want: IpvsState) -> str:
+    """'' when the namespace's IPVS table is `want`, else what differs (briefly)."""
+    got = saved(ns)
+    if (got.services, got.dests) == (want.services, want.dests):
+        return ""
+    missing = [k for k in want.services if got.services.get(k) != want.services[k]]
+    wrong = [k for k in want.services if k in got.dests and got.dests[k] != want.dests[k]]
+    extra = [k for k in got.services if k not in want.services]
+    return (
+        f"{len(got.services)} virtual servers, {len(missing)} missing or different "
+        f"(e.g. {missing[:1]}), {len(wrong)} with other destinations (e.g. {wrong[:1]}), "
+        f"{len(extra)} unexpected (e.g. {extra[:1]})"
+    )
+
+
+def write_list(path: Path, objects: list[RawObject]) -> Path:
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return path
+
+
+@dataclass
+class Row:
+    what: str
+    approach: str
+    seconds: float | None
+    base: float | None  # None: no ratio (an absolute target)
+    note: str = ""
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        self.rows.append(Row(*args, **kwargs))
+
+    def problem(self, text: str) -> None:
+        print(f"bench: PROBLEM: {text}", file=sys.stderr, flush=True)
+        self.problems.append(text)
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+# ---- floors -------------------------------------------------------------------------------
+
+
+def floors(state: IpvsState, repeat: int, out: Results) -> tuple[float, float]:
+    rules = render_save(state)
+    restores, dumps = [], []
+    for _ in range(repeat):
+        with fresh_netns() as ns:
+            restores.append(
+                timed(lambda: in_ns(ns, "ipvsadm", "-R", input=rules, check=True))  # noqa: B023
+            )
+            if diff := same_table(ns, state):
+                out.problem(f"ipvsadm -R did not load the rules: {diff}")
+            dumps.append(
+                timed(lambda: in_ns(ns, "ipvsadm", "-S", "-n", capture_output=True, check=True))  # noqa: B023
+            )
+    restore, dump = statistics.median(restores), statistics.median(dumps)
+    out.add("floor", "ipvsadm -R", restore, restore)
+    out.add("floor", "ipvsadm -S -n", dump, dump)
+    return restore, dump
+
+
+# ---- run --once ---------------------------------------------------------------------------
+
+
+def run_once(manifest: Path, want: IpvsState, out: Results) -> float:
+    """The console script in a fresh namespace; exit status and table checked."""
+    with fresh_netns() as ns:
+        args = [IPVSPROXY, "run", "--manifests", str(manifest), "--once", *NODE_FLAGS]
+        result: list[subprocess.CompletedProcess[str]] = []
+        seconds = timed(lambda: result.append(in_ns(ns, *args, capture_output=True)))
+        proc = result[0]
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+            out.problem(f"run --once {manifest.name} exited {proc.returncode}: {tail}")
+        if diff := same_table(ns, want):
+            out.problem(f"run --once {manifest.name}: table differs from the floor's: {diff}")
+    return seconds
+
+
+def once_rows(
+    big: Path, empty: Path, want: IpvsState, repeat: int, floor: float, out: Results
+) -> None:
+    bigs, empties = [], []
+    for _ in range(repeat):  # in turns: the VM's speed drifts
+        empties.append(run_once(empty, IpvsState({}, {}), out))
+        bigs.append(run_once(big, want, out))
+        say(f"run --once: {bigs[-1]:.1f} s, empty {empties[-1]:.1f} s")
+    b, e = statistics.median(bigs), statistics.median(empties)
+    out.add("run --once", "S x D manifest, whole process", b, floor)
+    out.add("run --once", "empty manifest (a Node)", e, floor)
+    out.add("run --once", "marginal (difference)", b - e, floor, "target <= 0.50")
+
+
+# ---- the agent through the API ------------------------------------------------------------
+
+
+SYNC_LINE = re.compile(r"^sync: ")
+
+
+@dataclass
+class SyncLine:
+    seen: float  # when this process noticed the line (monotonic)
+    msg: str
+
+    def number(self, pattern: str) -> int | None:
+        m = re.search(pattern, self.msg)
+        return int(m.group(1)) if m else None
+
+    @property
+    def operations(self) -> int | None:
+        return self.number(r"(\d+) operations")
+
+    @property
+    def failed(self) -> int | None:
+        return self.number(r"\((\d+) failed\)")
+
+    @property
+    def companion(self) -> int | None:
+        return self.number(r"(\d+) companion changes")
+
+    @property
+    def seconds(self) -> float | None:
+        """The last `N.NNNs` of the line (a suffix such as `(full, ...)` may follow)."""
+        found = re.findall(r"(\d+\.\d+)s\b", self.msg)
+        return float(found[-1]) if found else None
+
+    @property
+    def kind(self) -> str:
+        """What the agent says about the sync after its duration, e.g. `full, 1 Service changed`."""
+        m = re.search(r"\d\.\d+s \((.*)\)$", self.msg)
+        return m.group(1) if m else ""
+
+
+class AgentLog:
+    """The agent's JSON log lines, read as they come."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.syncs: list[SyncLine] = []
+        self.errors: list[str] = []
+
+    def poll(self) -> int:
+        """Read what is new; the number of sync lines so far."""
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        now = time.monotonic()
+        for raw in data[:end].splitlines():
+            try:
+                entry = json.loads(raw)
+                msg, level = str(entry["msg"]), str(entry.get("level", ""))
+            except (ValueError, KeyError, TypeError):
+                msg, level = raw.decode(errors="replace"), "raw"
+            if SYNC_LINE.match(msg):
+                self.syncs.append(SyncLine(now, msg))
+            elif level in ("error", "critical", "raw"):
+                self.errors.append(msg)
+        return len(self.syncs)
+
+    def tail(self) -> str:
+        return self.path.read_text(errors="replace")[-3000:]
+
+
+class ProcIpvs:
+    """/proc/net/ip_vs of a namespace, opened once (a proc file keeps the opener's netns)."""
+
+    def __init__(self, ns: str) -> None:
+        with inside(ns):
+            self.fd = os.open("/proc/thread-self/net/ip_vs", os.O_RDONLY)
+
+    def read(self) -> bytes:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self.fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def counts(self) -> tuple[int, int]:
+        """(virtual servers, real servers) now in the table."""
+        text = self.read()
+        dests = text.count(b"  -> ") - 1  # minus the header's "  -> RemoteAddress:Port"
+        return text.count(b"\nTCP ") + text.count(b"\nUDP ") + text.count(b"\nSCTP "), dests
+
+    def has(self, vip: str, port: int, dest: str, dest_port: int) -> bool:
+        """Whether the virtual server TCP vip:port has that destination (hex, as /proc)."""
+        vs = f"\nTCP  {_hex(vip)}:{port:04X}".encode()
+        text = self.read()
+        start = text.find(vs)
+        if start < 0:
+            return False
+        end = text.find(b"\nTCP ", start + 1)
+        section = text[start : end if end > 0 else len(text)]
+        return f"-> {_hex(dest)}:{dest_port:04X}".encode() in section
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _hex(address: str) -> str:
+    return f"{int(IPv4Address(address)):08X}"
+
+
+def wait_for(check: Callable[[], bool], timeout: float, interval: float) -> float | None:
+    """Monotonic time when `check` first held, None after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return time.monotonic()
+        time.sleep(interval)
+    return None
+
+
+@contextmanager
+def api_server(ns: str, objects: list[RawObject]) -> Iterator[Any]:
+    from tests.kubeapi import ApiServer  # trustme and cryptography: only for this part
+
+    with inside(ns):  # the listening socket (and its serving threads) live in the namespace
+        api = ApiServer(bookmark_interval=5.0).start()
+    try:
+        for obj in objects:
+            api.put(obj)
+        yield api
+    finally:
+        api.stop()
+
+
+@dataclass
+class AgentRun:
+    ns: str
+    log: AgentLog
+    proc: subprocess.Popen[bytes]
+    kernel: ProcIpvs
+
+
+def agent_rows(
+    objects: list[RawObject],
+    want: IpvsState,
+    args: argparse.Namespace,
+    floor: float,
+    dump_floor: float,
+    work: Path,
+    out: Results,
+) -> None:
+    vss, rss = len(want.services), sum(len(d) for d in want.dests.values())
+    with fresh_netns() as ns, api_server(ns, objects) as api:
+        kubeconfig = api.write_kubeconfig(work / "kubeconfig")
+        log_path = work / "agent.log"
+        cmd = [
+            IPVSPROXY, "--log-format", "json", "run", "--kubeconfig", str(kubeconfig),
+            *NODE_FLAGS,
+            "--min-sync-period", f"{args.min_sync_period}s",
+            "--sync-period", f"{args.sync_period}s",
+        ]  # fmt: skip
+        kernel = ProcIpvs(ns)
+        say("agent: starting")
+        with log_path.open("wb") as sink:
+            started = time.monotonic()
+            proc = subprocess.Popen(["ip", "netns", "exec", ns, *cmd], stdout=sink, stderr=sink)
+        run = AgentRun(ns, AgentLog(log_path), proc, kernel)
+        try:
+            _agent_measure(run, api, objects, want, (vss, rss), started, args, out)
+            if run.proc.poll() is not None:
+                out.problem(f"agent: exited {run.proc.returncode} during the measurements")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            kernel.close()
+    for row in out.rows:  # ratios as issue 13 states the targets
+        if row.approach.startswith("first complete"):
+            row.base = floor
+        elif row.approach.startswith("idle periodic"):
+            row.base = dump_floor
+
+
+def _agent_measure(
+    run: AgentRun,
+    api: Any,
+    objects: list[RawObject],
+    want: IpvsState,
+    counts: tuple[int, int],
+    started: float,
+    args: argparse.Namespace,
+    out: Results,
+) -> None:
+    if first_sync(run, want, counts, started, args, out) and idle_resync(run, args, out):
+        latencies, durations = change_rounds(run, api, objects, args, out)
+        if latencies:
+            out.add(
+                "agent", "one slice change -> in kernel", statistics.median(latencies), None,
+                f"target <= {args.min_sync_period + 1:.2f} s (min-sync-period + 1 s)",
+            )  # fmt: skip
+        if durations:
+            out.add(
+                "agent", "event-driven sync, 1 Service (log)", statistics.median(durations),
+                None, "target <= 0.05 s",
+            )  # fmt: skip
+    run.log.poll()
+    for error in run.log.errors:
+        out.problem(f"agent logged: {error}")
+
+
+def first_sync(
+    run: AgentRun,
+    want: IpvsState,
+    counts: tuple[int, int],
+    started: float,
+    args: argparse.Namespace,
+    out: Results,
+) -> bool:
+    """Process start -> the whole table in the kernel, then the first sync's log line."""
+
+    def complete() -> bool:
+        if run.proc.poll() is not None:
+            raise SystemExit(f"bench: the agent exited {run.proc.returncode}:\n{run.log.tail()}")
+        return run.kernel.counts() == counts
+
+    done = wait_for(complete, args.timeout, 0.25)
+    if done is None:
+        out.problem(f"agent: table not complete within {args.timeout} s: {run.kernel.counts()}")
+        return False
+    out.add("agent", "first complete sync from start", done - started, None, "target <= 5.00")
+    say(f"agent: table complete after {done - started:.1f} s")
+    if diff := same_table(run.ns, want):
+        out.problem(f"agent: table differs from the floor's: {diff}")
+    if wait_for(lambda: run.log.poll() > 0, args.timeout, 0.25) is None:
+        out.problem("agent: no `sync: ...` log line after the first sync")
+        return False
+    first = run.log.syncs[0]
+    out.notes.append(f"agent's first sync line, {first.seen - started:.1f} s: {first.msg}")
+    if first.failed:
+        out.problem(f"agent: the first sync had failures: {first.msg}")
+    return True
+
+
+def idle_resync(run: AgentRun, args: argparse.Namespace, out: Results) -> bool:
+    """The next sync after the first, with no change in between: a periodic resync."""
+    before = run.log.poll()
+    wait = args.sync_period * 2 + 60
+    if wait_for(lambda: run.log.poll() > before, wait, 0.25) is None:
+        out.problem(f"agent: no periodic resync within {wait:.0f} s")
+        return False
+    prev, idle = run.log.syncs[before - 1], run.log.syncs[before]
+    note = f"{idle.operations} operations, {idle.companion} companion changes"
+    note += f" ({idle.kind})" if idle.kind else ""
+    if idle.operations != 0 or idle.companion not in (0, None):
+        out.problem(f"agent: the idle resync wrote something: {idle.msg}")
+    if idle.seen - prev.seen < 0.8 * args.sync_period:
+        note += f"; {idle.seen - prev.seen:.1f} s after the previous sync (not periodic?)"
+    out.add("agent", "idle periodic resync (log)", idle.seconds, None, note + "; target <= 0.30")
+    return True
+
+
+def change_rounds(
+    run: AgentRun, api: Any, objects: list[RawObject], args: argparse.Namespace, out: Results
+) -> tuple[list[float], list[float]]:
+    """`repeat` times: one endpoint added to one Service's slice; kernel latency, sync time."""
+    slices = [o for o in objects if o["kind"] == "EndpointSlice"]
+    latencies: list[float] = []
+    durations: list[float] = []
+    for n in range(args.repeat):
+        i = _plain_service(len(slices), n)
+        changed = json.loads(json.dumps(slices[i]))
+        new_pod = pod_ip(args.services * args.dests + n * NODES)  # a new pod on this node
+        changed["endpoints"].append(
+            {"addresses": [new_pod], "conditions": {"ready": True}, "nodeName": BENCH_NODE}
+        )
+        time.sleep(args.settle)  # away from the previous sync, as a change usually comes
+        before = run.log.poll()
+        start = time.monotonic()
+        api.put(changed)
+        seen = wait_for(lambda: run.kernel.has(cluster_ip(i), 80, new_pod, 8080), 120, 0.02)  # noqa: B023
+        if seen is None:
+            out.problem(f"agent: the new endpoint {new_pod} of svc-{i} never reached the kernel")
+            continue
+        latencies.append(seen - start)
+        wait_for(lambda: run.log.poll() > before, 60, 0.1)  # noqa: B023
+        line = next((s for s in run.log.syncs[before:] if s.operations), None)
+        if line is None or line.seconds is None:
+            out.problem(f"agent: no sync line with operations after change {n + 1}")
+        else:
+            durations.append(line.seconds)
+            out.notes.append(f"change {n + 1}: in kernel after {seen - start:.3f} s; {line.msg}")
+        slices[i] = changed
+    return latencies, durations
+
+
+def _plain_service(services: int, n: int) -> int:
+    """A ClusterIP Service with one port, spread over the table."""
+    i = (services // 2 + 7 * n) % services
+    while i % TWO_PORTS_EVERY == 3 or i % NODE_PORT_EVERY == 5:
+        i = (i + 1) % services
+    return i
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+
+def print_table(out: Results, title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'what':<11} {'approach':<36} {'seconds':>9}  {'ratio':>6}  note")
+    for row in out.rows:
+        secs = "n/a" if row.seconds is None else f"{row.seconds:.3f}"
+        ratio = "" if row.base is None or row.seconds is None else f"{row.seconds / row.base:.2f}"
+        print(f"{row.what:<11} {row.approach:<36} {secs:>9}  {ratio:>6}  {row.note}")
+    for note in out.notes:
+        print(f"  {note}")
+    for problem in out.problems:
+        print(f"  PROBLEM: {problem}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--dests", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (median)")
+    parser.add_argument("--quick", action="store_true", help="smoke check: 100 Services")
+    parser.add_argument("--parts", default="floor,once,agent", help="any of floor,once,agent")
+    parser.add_argument("--sync-period", type=float, default=15.0, help="the agent's, seconds")
+    parser.add_argument("--min-sync-period", type=float, default=1.0, help="the agent's")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds before a change")
+    parser.add_argument("--timeout", type=float, default=600.0, help="for the first sync")
+    args = parser.parse_args()
+    if args.quick:
+        args.services, args.sync_period = 100, 6.0
+    parts = set(args.parts.split(","))
+
+    objects = cluster(args.services, args.dests)
+    config = Config(
+        node_name=BENCH_NODE, service_cidrs=parse_cidrs(SERVICE_CIDR, option="service-cidr")
+    )
+    desired, _ = from_objects(objects, config)
+    want = IpvsState(desired.state.services, desired.state.dests)
+    vss, rss = len(want.services), sum(len(d) for d in want.dests.values())
+    out = Results()
+    with tempfile.TemporaryDirectory(prefix="whole-path-") as tmp:
+        work = Path(tmp)
+        big = write_list(work / "big.json", objects)
+        empty = write_list(work / "empty.json", [cluster_node(0)])
+        megabytes = big.stat().st_size / 1e6
+        say(f"{args.services}x{args.dests}: {vss} virtual, {rss} real servers")
+        floor, dump_floor = 1.0, 1.0
+        if "floor" in parts or "once" in parts or "agent" in parts:
+            floor, dump_floor = floors(want, args.repeat, out)
+            say(f"floors: ipvsadm -R {floor:.2f} s, ipvsadm -S -n {dump_floor:.2f} s")
+        if "once" in parts:
+            once_rows(big, empty, want, args.repeat, floor, out)
+        if "agent" in parts:
+            agent_rows(objects, want, args, floor, dump_floor, work, out)
+    print_table(
+        out,
+        f"ipvsproxy whole path, kernel {os.uname().release}, {args.services}x{args.dests} "
+        f"({vss} virtual / {rss} real servers, {megabytes:.1f} MB of JSON), "
+        f"median of {args.repeat}; agent: --sync-period {args.sync_period:g}s "
+        f"--min-sync-period {args.min_sync_period:g}s",
+    )
+    sys.exit(1 if out.problems else 0)
+
+
+if __name__ == "__main__":
+    main()
