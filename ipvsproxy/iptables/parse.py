@@ -18,10 +18,11 @@ from ipaddress import ip_address
 
 from ipvsproxy.iptables.rules import (
     PREFIX,
-    SEP_PREFIX,
     SERVICES,
     SVC_PREFIX,
     VIP_COMMENT,
+    group_of,
+    is_sep,
 )
 from ipvsproxy.model import (
     IPAddress,
@@ -94,10 +95,10 @@ def read_state(saved: Saved) -> tuple[IpvsState, dict[VSKey, str]]:
             bound.add(ip_address(vip["addr"]))
         elif parsed := _service(line):
             vs, name, chain = parsed
-            services[vs.key], names[vs.key], svc_of[chain[len(SVC_PREFIX) :][:8]] = vs, name, vs.key
+            services[vs.key], names[vs.key], svc_of[group_of(chain)] = vs, name, vs.key
     dests: dict[VSKey, dict[RSKey, RealServer]] = defaultdict(dict)
     for chain, lines in saved.chains.items():
-        key = svc_of.get(chain[len(SEP_PREFIX) :][:8]) if chain.startswith(SEP_PREFIX) else None
+        key = svc_of.get(group_of(chain)) if is_sep(chain) else None
         rs = _dest(lines) if key is not None else None
         if key is not None and rs is not None:
             dests[key][rs.key] = rs

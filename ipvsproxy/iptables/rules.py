@@ -9,11 +9,22 @@ chains compare as text. The layout:
                                                 address, protocol, port) -> its SVC chain,
                                                 then one RETURN rule per VIP (the record of
                                                 `IpvsState.bound`)
-    IPVSPX-SVC-<hash>   per virtual server: session affinity (`recent`), then the
+    IPVSPX-SVC-<h16>    per virtual server: session affinity (`recent`), then the
                         scheduler's choice among destinations of weight > 0 -> SEP chains
-    IPVSPX-SEP-<hash>   per destination: hairpin / NodePort masquerade mark, affinity record,
-                        DNAT to the endpoint (weight-0 destinations keep their chain, unused)
+    IPVSPX-SVC-<h8>-<e8>  per destination ("SEP" chain): hairpin / NodePort masquerade
+                        mark, affinity record, DNAT to the endpoint (weight-0 destinations
+                        keep their chain, unused)
     POSTROUTING         -> IPVSPX-POSTROUTING   masquerade what carries the mark, clear it
+
+Why a destination's chain is named after its virtual server's (`<h8>` = the first 8
+characters of the SVC chain's hash): iptables-nft (1.8.7 and later) keeps every chain a
+restore names in a sorted linked list, and each rule costs a walk to its chain's and its
+jump target's place in it. With a Service's chains side by side in name order, and
+`transaction()` writing them Service by Service in descending order, every walk is short:
+loading 1000 Services x 10 endpoints went from 4-5 s to under 1 s of `iptables-restore`
+(measured; see the README's fallback benchmark). The fixed chains (SERVICES, POSTROUTING,
+MARK-MASQ) sort before every hashed one, and SERVICES lists its virtual servers in
+descending chain-name order for the same reason.
 
 Schedulers, as close as iptables allows (see `schedulers.IPTABLES_FIDELITY`):
   rr   -> `statistic --mode nth`: exact round robin over new connections;
@@ -36,7 +47,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ipvsproxy.model import (
@@ -48,8 +59,8 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
+    addr_order,
     rs_order,
-    vs_order,
 )
 from ipvsproxy.schedulers import Scheduler
 
@@ -58,7 +69,7 @@ SERVICES = "IPVSPX-SERVICES"
 POSTROUTING = "IPVSPX-POSTROUTING"
 MARK_MASQ = "IPVSPX-MARK-MASQ"
 SVC_PREFIX = "IPVSPX-SVC-"
-SEP_PREFIX = "IPVSPX-SEP-"
+SEP_LENGTH = len(SVC_PREFIX) + 17
 MASQ_BIT = 0x4000  # kube-proxy's masquerade bit
 HMARK_SEED = 0x69707673  # "ipvs": any fixed value; a client must hash alike across syncs
 VIP_COMMENT = "ipvsproxy vip"
@@ -95,13 +106,23 @@ def svc_chain(key: VSKey) -> str:
 
 
 def sep_chain(key: VSKey, rs: RSKey) -> str:
-    """The SEP chain starts with 8 characters of its SVC chain's hash: an observation groups
-    destinations by it (the weight-0 ones are referenced by no rule)."""
+    """The SEP chain starts with its SVC chain's prefix and 8 characters of its hash: an
+    observation groups destinations by it (the weight-0 ones are referenced by no rule),
+    and the chains of one virtual server sort side by side (see the module docstring)."""
     return _sep_chain(_hash(_ident(key)), _ident(key), rs)
 
 
 def _sep_chain(svc_hash: str, ident: str, rs: RSKey) -> str:
-    return SEP_PREFIX + svc_hash[:8] + _hash(f"{ident}|{rs.address}/{rs.port}")[:8]
+    return f"{SVC_PREFIX}{svc_hash[:8]}-{_hash(f'{ident}|{rs.address}/{rs.port}')[:8]}"
+
+
+def is_sep(chain: str) -> bool:
+    return len(chain) == SEP_LENGTH and chain[SEP_LENGTH - 9] == "-"
+
+
+def group_of(chain: str) -> str:
+    """The 8 hash characters shared by a virtual server's SVC chain and its SEP chains."""
+    return chain[len(SVC_PREFIX) : len(SVC_PREFIX) + 8]
 
 
 def service_comment(name: str, vs: VirtualServer) -> str:
@@ -119,40 +140,80 @@ class Ruleset:
     chains: Mapping[str, tuple[str, ...]]
 
 
+FIXED: Mapping[str, tuple[str, ...]] = {
+    MARK_MASQ: (f"-A {MARK_MASQ} -j MARK --set-xmark {MASQ_BIT:#x}/{MASQ_BIT:#x}",),
+    POSTROUTING: (
+        f"-A {POSTROUTING} -m mark ! --mark {MASQ_BIT:#x}/{MASQ_BIT:#x} -j RETURN",
+        f"-A {POSTROUTING} -j MARK --set-xmark 0x0/{MASQ_BIT:#x}",
+        f"-A {POSTROUTING} -j MASQUERADE --random-fully",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """What one virtual server contributes: its SERVICES rule (`dispatch`, sorted by
+    `chain`, its SVC chain's name) and its own chains (SVC and SEP)."""
+
+    chain: str
+    dispatch: str
+    chains: Mapping[str, tuple[str, ...]]
+
+
+def render_service(
+    vs: VirtualServer, dests: Iterable[RealServer], name: str, *, bound: bool
+) -> Piece:
+    """One virtual server's chains; `bound`: its address is a VIP (else a NodePort: the
+    reply must come back through this node, so every connection is masqueraded)."""
+    key = vs.key
+    name = sanitise(name)
+    ident = _ident(key)
+    svc_hash = _hash(ident)
+    chain = SVC_PREFIX + svc_hash
+    proto = _proto(key.proto)
+    dispatch = (
+        f"-A {SERVICES} -d {_net(key.address)} -p {proto} "
+        f'-m comment --comment "{service_comment(name, vs)}" '
+        f"-m {proto} --dport {key.port} -j {chain}"
+    )
+    ordered = sorted(dests, key=lambda rs: rs_order(rs.key))
+    seps = [_sep_chain(svc_hash, ident, rs.key) for rs in ordered]
+    chains = {chain: _svc_rules(vs, chain, ordered, seps)}
+    for rs, sep in zip(ordered, seps, strict=True):
+        chains[sep] = _sep_rules(vs, sep, rs, name, masquerade=not bound)
+    return Piece(chain, dispatch, chains)
+
+
+def services_chain(pieces: Iterable[Piece], vips: Iterable[IPAddress]) -> tuple[str, ...]:
+    """The SERVICES chain: one rule per virtual server, in descending chain-name order
+    (cheap for iptables-nft to load, see the module docstring), then one RETURN per VIP."""
+    dispatch = [p.dispatch for p in sorted(pieces, key=lambda p: p.chain, reverse=True)]
+    return (
+        *dispatch,
+        *(
+            f'-A {SERVICES} -d {_net(address)} -m comment --comment "{VIP_COMMENT}" -j RETURN'
+            for address in sorted(vips, key=addr_order)
+        ),
+    )
+
+
 def render(state: IpvsState, names: Mapping[VSKey, str], *, version: int) -> Ruleset:
     """Every chain ipvsproxy owns for the virtual servers of one IP version (4 or 6)."""
-    chains: dict[str, tuple[str, ...]] = {
-        MARK_MASQ: (f"-A {MARK_MASQ} -j MARK --set-xmark {MASQ_BIT:#x}/{MASQ_BIT:#x}",),
-        POSTROUTING: (
-            f"-A {POSTROUTING} -m mark ! --mark {MASQ_BIT:#x}/{MASQ_BIT:#x} -j RETURN",
-            f"-A {POSTROUTING} -j MARK --set-xmark 0x0/{MASQ_BIT:#x}",
-            f"-A {POSTROUTING} -j MASQUERADE --random-fully",
-        ),
-    }
-    dispatch: list[str] = []
-    keys = sorted((k for k in state.services if k.address.version == version), key=vs_order)
-    for key in keys:
-        vs = state.services[key]
-        name = sanitise(names.get(key) or str(key))
-        ident = _ident(key)
-        svc_hash = _hash(ident)
-        chain = SVC_PREFIX + svc_hash
-        dispatch.append(
-            f"-A {SERVICES} -d {_net(key.address)} -p {_proto(key.proto)} "
-            f'-m comment --comment "{service_comment(name, vs)}" '
-            f"-m {_proto(key.proto)} --dport {key.port} -j {chain}"
+    pieces = [
+        render_service(
+            vs,
+            state.dests.get(key, {}).values(),
+            names.get(key) or str(key),
+            bound=key.address in state.bound,
         )
-        dests = sorted(state.dests.get(key, {}).values(), key=lambda rs: rs_order(rs.key))
-        seps = [_sep_chain(svc_hash, ident, rs.key) for rs in dests]
-        chains[chain] = _svc_rules(vs, chain, dests, seps)
-        masquerade = key.address not in state.bound  # a NodePort: the reply must come back
-        for rs, sep in zip(dests, seps, strict=True):
-            chains[sep] = _sep_rules(vs, sep, rs, name, masquerade=masquerade)
-    for address in sorted(a for a in state.bound if a.version == version):
-        dispatch.append(
-            f'-A {SERVICES} -d {_net(address)} -m comment --comment "{VIP_COMMENT}" -j RETURN'
-        )
-    chains[SERVICES] = tuple(dispatch)
+        for key, vs in state.services.items()
+        if key.address.version == version
+    ]
+    chains = dict(FIXED)
+    for piece in pieces:
+        chains.update(piece.chains)
+    vips = (a for a in state.bound if a.version == version)
+    chains[SERVICES] = services_chain(pieces, vips)
     return Ruleset(chains)
 
 

@@ -1,16 +1,19 @@
 """Saved chains vs the chains wanted -> the damage in words, and one restore transaction (pure).
 
 Owns: `damage()` (where ipvsproxy's chains differ from what they should be: a deleted rule,
-a rule someone added, a stray chain, a missing or doubled jump) and `transaction()` (the
+a rule someone added, a stray chain, a missing or doubled jump), `transaction()` (the
 `iptables-restore --noflush` input that makes them so, touching only what differs: changed
 chains are declared, which flushes them, and refilled; stale chains are declared and
 deleted after every reference to them is gone; jumps are inserted or de-duplicated one by
-one. Chains and rules of anyone else never appear in it: `--noflush` leaves them alone).
+one. Chains and rules of anyone else never appear in it: `--noflush` leaves them alone)
+and `patch()` (the same for a partial sync: only the chains it is given).
 
 Imports: iptables.rules, iptables.parse.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.iptables.rules import JUMPS, Ruleset
@@ -50,7 +53,7 @@ def transaction(
     jumps: tuple[tuple[str, str], ...] = JUMPS,
 ) -> str:
     """The restore input turning `saved` into `target` ("" when they are equal)."""
-    changed = [c for c, rules in target.chains.items() if saved.chains.get(c) != rules]
+    changed = {c: rules for c, rules in target.chains.items() if saved.chains.get(c) != rules}
     stale = sorted(c for c in saved.chains if c not in target.chains)
     fixes: list[str] = []
     for chain, spec in jumps:
@@ -61,13 +64,57 @@ def transaction(
     if not (changed or stale or fixes):
         return ""
     lines = [f"*{table}"]
-    lines += [f":{chain} - [0:0]" for chain in (*changed, *stale)]
-    for chain in changed:
-        lines += target.chains[chain]
+    lines += [f":{chain} - [0:0]" for chain in sorted(stale, reverse=True)]
+    lines += _load_order(changed)
     lines += fixes
     lines += [f"-X {chain}" for chain in stale]
     lines += ["COMMIT", ""]
     return "\n".join(lines)
+
+
+def patch(changes: Mapping[str, tuple[str, ...] | None], *, table: str = "nat") -> str:
+    """The restore input for a partial sync: each chain in `changes` refilled with its new
+    rules, or deleted (None); nothing else is read or written ("" when there is nothing)."""
+    if not changes:
+        return ""
+    saved = Saved({chain: () for chain, rules in changes.items() if rules is None}, JUMPS)
+    target = Ruleset({chain: rules for chain, rules in changes.items() if rules is not None})
+    return transaction(saved, target, table=table)
+
+
+def _load_order(changed: dict[str, tuple[str, ...]]) -> list[str]:
+    """Each changed chain declared (which flushes it) and refilled, in an order that is
+    cheap for iptables-nft: a chain is written just before the first rule that jumps to
+    it, and otherwise in descending name order (see rules.py's docstring: every chain a
+    restore names goes into a sorted list, walked from its low end). A jump target is
+    always declared before the rule that needs it."""
+    lines: list[str] = []
+    done: set[str] = set()
+
+    def write(chain: str) -> None:
+        done.add(chain)
+        lines.append(f":{chain} - [0:0]")
+        for rule in changed[chain]:
+            target = _target(rule)
+            if target in changed and target not in done:
+                write(target)  # depth <= 3: SERVICES -> SVC -> SEP -> MARK-MASQ
+            lines.append(rule)
+
+    referenced = {_target(rule) for rules in changed.values() for rule in rules}
+    roots = sorted((c for c in changed if c not in referenced), reverse=True)
+    for chain in (*roots, *sorted(changed, reverse=True)):
+        if chain not in done:
+            write(chain)
+    return lines
+
+
+def _target(rule: str) -> str:
+    """The chain or target a rule jumps or goes to (what follows the last -j or -g)."""
+    for flag in (" -j ", " -g "):
+        _, found, rest = rule.rpartition(flag)
+        if found:
+            return rest.split(" ", 1)[0]
+    return ""
 
 
 def removal(saved: Saved, *, table: str = "nat") -> str:
