@@ -3,11 +3,13 @@ the Kernel contract, idempotence, drift repair, foreign rules, hostile names, cl
 
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import uuid
 from collections.abc import Iterator
-from ipaddress import ip_address
+from dataclasses import dataclass, field, replace
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from ipvsproxy.model import (
     AddDest,
     AddService,
     BindAddress,
+    IpvsState,
     Proto,
     RealServer,
     RSKey,
@@ -28,7 +31,7 @@ from ipvsproxy.model import (
 )
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.engine import sync
-from ipvsproxy.sync.ownership import ownership_for
+from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.plan import plan
 from tests.contract.kernel_contract import KernelContract
 
@@ -206,3 +209,93 @@ def test_hostile_service_objects_through_the_whole_path(netns):
     assert not any(w in line for line in outside_comments for w in ("INPUT", "DROP", "ACCEPT"))
     assert "*filter" not in text
     assert sync(make_kernel(netns), desired, node_view, CONFIG).plan == ()
+
+
+@dataclass(frozen=True)
+class Counting(Commands):
+    tools: list[str] = field(default_factory=list)
+
+    def run(self, args, *, stdin=None):
+        self.tools.append(args[0])
+        return super().run(args, stdin=stdin)
+
+
+EVERYTHING = Ownership(service_cidrs=(ip_network("0.0.0.0/0"), ip_network("::/0")))
+
+
+def changed(state: IpvsState, rng: random.Random, n: int) -> IpvsState:
+    """One random change: a weight, an endpoint added or removed, a Service added or
+    removed, a VIP bound or unbound (a ClusterIP becoming a NodePort's address)."""
+    services, dests = dict(state.services), {k: dict(v) for k, v in state.dests.items()}
+    bound = set(state.bound)
+    key = rng.choice(sorted(services, key=str))
+    kind = n % 6
+    if kind == 0 and dests[key]:
+        rs = rng.choice(sorted(dests[key].values(), key=str))
+        dests[key][rs.key] = replace(rs, weight=rng.randint(0, 3))
+    elif kind == 1:
+        rs = RealServer(RSKey(ip_address(f"10.244.9.{n % 250}"), 8080 + n))
+        dests[key][rs.key] = rs
+    elif kind == 2 and dests[key]:
+        del dests[key][rng.choice(sorted(dests[key], key=str))]
+    elif kind == 3:
+        new = VSKey(ip_address(f"10.96.8.{n % 250}"), 80, Proto.TCP)
+        services[new] = VirtualServer(new, Scheduler.WRR)
+        dests[new] = {RS.key: RS for RS in [RealServer(RSKey(ip_address("10.244.8.1"), 80))]}
+        bound.add(new.address)
+    elif kind == 4:
+        del services[key], dests[key]
+    else:
+        bound ^= {key.address}
+    return IpvsState(services, dests, frozenset(bound))
+
+
+def ours(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "IPVSPX" in line]
+
+
+def others(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "IPVSPX" not in line]
+
+
+def test_partial_syncs_then_a_full_observation_agree(netns):
+    """After a full sync and N partial ones (no iptables-save in between), a full
+    observation reads back exactly what the partial syncs produced, the chains are the
+    text a from-scratch load of that state gives, and nothing else in the tables moved."""
+    run(netns, "iptables-restore", "--noflush", stdin=f"*nat\n{FOREIGN}\nCOMMIT\n")
+    commands = Counting(prefix=("ip", "netns", "exec", netns))
+    kernel = IptablesKernel(commands=commands)
+    kernel.check()
+    state = IpvsState(
+        {vs.key: vs for vs in (VirtualServer(k) for k in KEYS)},
+        {k: {rs.key: rs for rs in DESTS} for k in KEYS},
+        frozenset(k.address for k in KEYS[::2]),
+    )
+    assert kernel.apply(plan(state, kernel.observe(), ownership=EVERYTHING)).failures == ()
+    before = save(netns)
+    commands.tools.clear()
+    rng = random.Random(13)
+    for n in range(30):
+        new = changed(state, rng, n)
+        assert kernel.apply(plan(new, state, ownership=EVERYTHING)).failures == ()
+        state = new
+    assert "iptables-save" not in commands.tools
+    assert "ip6tables-save" not in commands.tools
+    assert commands.tools.count("iptables-restore") <= 30
+    fresh = make_kernel(netns)
+    assert fresh.observe() == state
+    assert fresh.damage() == ()
+    after = save(netns)
+    assert others(after) == others(before)
+    scratch = f"ipvsp-s{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", scratch], check=True)
+    try:
+        reference = make_kernel(scratch)
+        assert reference.apply(plan(state, reference.observe(), ownership=EVERYTHING)).ok
+        assert sorted(ours(after)) == sorted(ours(save(scratch)))
+    finally:
+        subprocess.run(["ip", "netns", "del", scratch], check=True)
+
+
+KEYS = [VSKey(ip_address(f"10.96.7.{n}"), 80 + n % 3, Proto.TCP) for n in range(12)]
+DESTS = [RealServer(RSKey(ip_address(f"10.244.7.{n}"), 8080), weight=1 + n % 2) for n in range(4)]

@@ -1,13 +1,16 @@
 """The iptables fallback backend: the `Kernel` interface over `iptables-save`/`-restore`.
 
 Owns: `IptablesKernel` and `Commands` (how the iptables tools are run; a prefix such as
-`ip netns exec NS` runs them in another network namespace). `observe()` reads the nat
-table of each family with `iptables-save` and decodes ipvsproxy's chains only; `apply()`
-checks each operation against the observed state with the same kernel semantics as every
-backend (`model.transition`), renders the result and writes what differs in one
-`iptables-restore --noflush` transaction per family: atomic, so when the tool refuses it,
-every operation of that family fails together. A damaged chain (a rule deleted or added
-behind our back) is rewritten by the next apply, even an empty one (see `damage()`).
+`ip netns exec NS` runs them in another network namespace). `observe()` (the periodic full
+resync) reads the nat table of each family with `iptables-save`, decodes ipvsproxy's
+chains only and checks them for damage; `apply()` works from what it last wrote or read
+(a `Table`), with no `iptables-save`: it checks each operation with the same kernel
+semantics as every backend (`model.transition`), re-renders only the virtual servers the
+plan touched, and writes only the chains that differ in one `iptables-restore --noflush`
+transaction per family that has any: atomic, so when the tool refuses it, every operation
+of that family fails together (and the next apply reads the tables again). A damaged chain
+(a rule deleted or added behind our back) is found by the next observe() and rewritten by
+the apply after it, even an empty one (see `damage()`).
 
 There are no connection counters here: `connections()` says every destination is idle, so
 a removed endpoint goes at once (conntrack keeps established connections flowing to it).
@@ -24,8 +27,9 @@ from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
-from ipvsproxy.iptables.rules import JUMPS, render, sanitise
-from ipvsproxy.iptables.transaction import damage, removal, transaction
+from ipvsproxy.iptables.rules import sanitise
+from ipvsproxy.iptables.table import Table
+from ipvsproxy.iptables.transaction import damage, patch, removal, transaction
 from ipvsproxy.kernel import ApplyReport, Failure
 from ipvsproxy.model import (
     AddDest,
@@ -41,7 +45,6 @@ from ipvsproxy.model import (
     UpdateDest,
     UpdateService,
     VSKey,
-    transition,
 )
 from ipvsproxy.schedulers import IPTABLES_FIDELITY, IptablesFidelity
 
@@ -79,9 +82,8 @@ class IptablesKernel:
     def __init__(self, *, commands: Commands | None = None) -> None:
         self._commands = commands or Commands()
         self._families: tuple[int, ...] = (4, 6)
-        self._saved: dict[int, Saved] | None = None
-        self._state = IpvsState()
-        self._names: dict[VSKey, str] = {}
+        self._table: Table | None = None  # None: unknown, observe before the next apply
+        self._repair: dict[int, Saved] = {}  # damaged families, as observed
         self._damage: tuple[str, ...] = ()
         self._warned: set[str] = set()
 
@@ -100,6 +102,8 @@ class IptablesKernel:
     # ---- the Kernel interface --------------------------------------------------------------
 
     def observe(self) -> IpvsState:
+        """Read both families' nat tables (`iptables-save`), decode ipvsproxy's chains and
+        compare them with what that state renders to: the periodic full resync."""
         saved = {version: parse_save(self._save(version)) for version in self._families}
         states = [read_state(s) for s in saved.values()]
         names = {key: name for _, found in states for key, name in found.items()}
@@ -108,12 +112,11 @@ class IptablesKernel:
             dests={k: v for s, _ in states for k, v in s.dests.items()},
             bound=frozenset(a for s, _ in states for a in s.bound),
         )
-        self._saved, self._state, self._names = saved, state, names
-        self._damage = tuple(
-            f"IPv{version}: {problem}"
-            for version in self._families
-            for problem in damage(saved[version], render(state, names, version=version))
-        )
+        table = Table(state, names)
+        found = {v: damage(saved[v], table.ruleset(v)) for v in self._families}
+        self._table = table
+        self._repair = {v: saved[v] for v in self._families if found[v]}
+        self._damage = tuple(f"IPv{v}: {problem}" for v in self._families for problem in found[v])
         return state
 
     def damage(self) -> tuple[str, ...]:
@@ -125,35 +128,41 @@ class IptablesKernel:
         return {}
 
     def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
-        if self._saved is None:
+        """Execute `plan` against the chains as last written or observed (no iptables-save
+        unless nothing is known yet), and write only the chains it changes: one
+        `iptables-restore --noflush` per family that has any, none when nothing changed.
+        A family found damaged by the last observe() is rewritten whole instead."""
+        if self._table is None:
             self.observe()
-        saved = self._saved or {}
-        state, done, failures = self._state, [], []
+        table = self._table
+        assert table is not None
+        done: list[Op] = []
+        failures: list[Failure] = []
         for op in plan:
             try:
                 self._supported(op)
-                state = transition(state, op)
+                table.step(op)
                 done.append(op)
             except KernelError as exc:
                 failures.append(Failure(op, exc))
-        wanted = {**self._names, **(names or {})}
-        wanted = {key: name for key, name in wanted.items() if key in state.services}
-        self._warn(done, wanted)
-        written = dict(saved)
+        table.rename(names or {})
+        self._warn(done, table.names)
+        changes = table.changes()
         for version in self._families:
-            target = render(state, wanted, version=version)
-            payload = transaction(saved[version], target)
+            if version in self._repair:
+                payload = transaction(self._repair[version], table.ruleset(version))
+            else:
+                payload = patch(changes.get(version, {}))
             try:
                 if payload:
                     self._restore(version, payload)
-                written[version] = Saved(target.chains, JUMPS)
             except KernelError as exc:
-                self._saved = None  # unknown now: read again before the next apply
+                self._table = None  # unknown now: read again before the next apply
                 failed = [op for op in done if _version(op) == version]
                 failures += [Failure(op, exc) for op in failed]
                 done = [op for op in done if op not in failed]
-        if self._saved is not None:
-            self._saved, self._state, self._names, self._damage = written, state, wanted, ()
+        if self._table is not None:
+            self._repair, self._damage = {}, ()
         return ApplyReport(applied=len(done), failures=tuple(failures))
 
     # ---- beyond the interface ---------------------------------------------------------------
@@ -169,7 +178,7 @@ class IptablesKernel:
             payload = removal(saved)
             if payload and not dry_run:
                 self._restore(version, payload)
-        self._saved = None
+        self._table = None
         return removed
 
     def _save(self, version: int) -> str:
