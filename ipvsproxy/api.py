@@ -12,9 +12,11 @@ Imports: model, the standard library. Never the Kubernetes client: raw dicts onl
 from __future__ import annotations
 
 import enum
+import socket
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import ip_address, ip_network
+from ipaddress import IPv4Address, ip_address, ip_network
 from typing import Any
 
 from ipvsproxy.model import IPAddress, IPNetwork, Proto
@@ -326,7 +328,8 @@ def _endpoint(item: object, where: str, version: int) -> EndpointView:
     serving = cond.get("serving", ready) is not False
     terminating = cond.get("terminating") is True
     node = item.get("nodeName") or ""
-    return EndpointView(address, ready, serving, terminating, _str(node, f"{where}.nodeName"))
+    node = sys.intern(_str(node, f"{where}.nodeName"))  # a few node names, 100,000s of endpoints
+    return EndpointView(address, ready, serving, terminating, node)
 
 
 # ---- Node -------------------------------------------------------------------------------
@@ -416,8 +419,12 @@ def _ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
         raise Malformed(f"{where} {value!r} is not an IP address")
     try:
+        if ":" not in value:
+            # inet_pton takes exactly what ipaddress takes for IPv4 (four decimal parts,
+            # no leading zeros) and is ~10x faster: every endpoint of every slice passes here
+            return IPv4Address(socket.inet_pton(socket.AF_INET, value))
         return ip_address(value)
-    except ValueError:
+    except (OSError, ValueError):
         raise Malformed(f"{where} {value!r} is not an IP address") from None
 
 

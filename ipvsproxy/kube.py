@@ -45,7 +45,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
 from ipvsproxy.errors import ConfigError, WatchError
-from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Parsed, parse
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class Watcher:
 
     def list_all(self) -> str:
         """List every object (page by page) into the sink; the list's resourceVersion."""
-        items: list[dict[str, Any]] = []
+        items: list[Parsed] = []
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"limit": PAGE}
@@ -225,7 +225,8 @@ class Watcher:
                 continue
             except ValueError as exc:
                 raise Transient(f"list {self.kind}: unreadable response: {exc}") from exc
-            items += body.get("items") or []
+            # parsed page by page: a large list never holds every raw object at once
+            items += [parse(self.kind, item) for item in body.get("items") or []]
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:

@@ -66,6 +66,10 @@ class VSKey:
     proto: Proto
     fwmark: int = 0  # non-zero only for firewall-mark services (never ipvsproxy's own)
 
+    def __hash__(self) -> int:
+        # as RSKey.__hash__: the generated hash would call IPv4Address.__hash__ (Python code)
+        return hash((self.address._ip, self.port, self.proto, self.fwmark))  # type: ignore[union-attr]
+
     def __lt__(self, other: VSKey) -> bool:
         return vs_order(self) < vs_order(other)
 

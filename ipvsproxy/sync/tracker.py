@@ -66,6 +66,28 @@ class Changes:
     trigger_times: tuple[str, ...] = ()  # TRIGGER_TIME of slices changed since the last take
 
 
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """One object as the tracker keeps it: its view, or why it is malformed (raw dropped)."""
+
+    key: Ref
+    view: View | None
+    warning: str = ""
+    trigger: str = ""  # the TRIGGER_TIME annotation of a slice
+
+
+def parse(kind: str, obj: RawObject) -> Parsed:
+    """Parse a raw object of `kind` (pure; a watcher may call it before handing it over, so
+    a large list never holds every raw object at once)."""
+    key = _key(obj)
+    try:
+        view = _PARSERS[kind](obj)
+    except (Malformed, TypeError, ValueError, AttributeError, KeyError) as exc:
+        return Parsed(key, None, f"skipping malformed {kind} {describe(obj)}: {exc}")
+    trigger = (_annotation(obj, TRIGGER_TIME) or "") if kind == SLICE else ""
+    return Parsed(key, view, trigger=trigger)
+
+
 def _key(obj: RawObject) -> Ref:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
@@ -98,16 +120,19 @@ class Tracker:
 
     # ---- feeding (watcher threads) ----------------------------------------------------------
 
-    def replace(self, kind: str, objects: Iterable[RawObject]) -> None:
-        """A complete list of `kind`: what was not listed is gone."""
-        fresh = {_key(obj): obj for obj in objects}
+    def replace(self, kind: str, objects: Iterable[RawObject | Parsed]) -> None:
+        """A complete list of `kind` (raw, or already `parse()`d): what was not listed is gone."""
+        fresh = {}
+        for obj in objects:
+            item = obj if isinstance(obj, Parsed) else parse(kind, obj)
+            fresh[item.key] = item
         with self._lock:
             changed = kind not in self._listed
             self._listed.add(kind)
             for key in self._keys(kind) - fresh.keys():
-                changed = self._store(kind, key, None) or changed
-            for key, obj in fresh.items():
-                changed = self._store(kind, key, obj) or changed
+                changed = self._store(kind, Parsed(key, None)) or changed
+            for item in fresh.values():
+                changed = self._store(kind, item, event=True) or changed
         if changed:
             self._on_change(kind)
 
@@ -115,8 +140,9 @@ class Tracker:
         """One watch event: ADDED, MODIFIED or DELETED (BOOKMARK and ERROR are not for us)."""
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
+        item = Parsed(_key(obj), None) if event_type == "DELETED" else parse(kind, obj)
         with self._lock:
-            changed = self._store(kind, _key(obj), None if event_type == "DELETED" else obj)
+            changed = self._store(kind, item, event=True)
         if changed:
             self._on_change(kind)
 
@@ -127,17 +153,14 @@ class Tracker:
             return set(self._slices)
         return {("", name) for name in self._nodes}
 
-    def _store(self, kind: str, key: Ref, obj: RawObject | None) -> bool:
-        """Parse and store one object (None: delete it); mark what it touches dirty.
-        Whether anything changed."""
-        view: View | None = None
-        warning = self._warnings.pop((kind, key), None)
-        if obj is not None:
-            try:
-                view = _PARSERS[kind](obj)
-            except (Malformed, TypeError, ValueError, AttributeError, KeyError) as exc:
-                self._warnings[(kind, key)] = f"skipping malformed {kind} {describe(obj)}: {exc}"
-        changed = warning != self._warnings.get((kind, key))
+    def _store(self, kind: str, item: Parsed, *, event: bool = False) -> bool:
+        """Store one parsed object (view None: gone or malformed); mark what it touches
+        dirty. Whether anything changed."""
+        key, view = item.key, item.view
+        before = self._warnings.pop((kind, key), "")
+        if item.warning:
+            self._warnings[(kind, key)] = item.warning
+        changed = before != item.warning
         if kind == SERVICE:
             if self._services.get(key) != view:
                 self._put(self._services, key, view)
@@ -145,9 +168,8 @@ class Tracker:
                 changed = True
         elif kind == SLICE:
             changed = self._store_slice(key, view) or changed  # type: ignore[arg-type]
-            trigger = _annotation(obj, TRIGGER_TIME) if obj is not None else None
-            if trigger and view is not None:
-                self._triggers.append(trigger)
+            if item.trigger and event:  # a list's old trigger times mean nothing now
+                self._triggers.append(item.trigger)
         elif kind == NODE:
             changed = self._store_node(key[1], view) or changed  # type: ignore[arg-type]
         return changed
