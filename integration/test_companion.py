@@ -341,4 +341,7 @@ def test_the_incremental_set_index_writes_what_the_full_path_wants(cluster):
         for name, (_, version, entries) in want.sets.items():
             if version in n1.companion.versions:
                 assert host.sets[name][2] == entries, name
+        assert index.drifted(n1.companion.observe_headers()) == ()
+    sh("ip", "netns", "exec", n1.ns, "ipset", "del", "IPVSPROXY-CLUSTER-IP", "10.97.0.1,tcp:80")
+    assert index.drifted(n1.companion.observe_headers()) == ("IPVSPROXY-CLUSTER-IP",)
     n1.sync(objects())

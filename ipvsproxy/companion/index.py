@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping
 
-from ipvsproxy.companion.ipset import BULK, DEFAULT_MAXELEM, SetChange, maxelem_for, too_small
+from ipvsproxy.companion.ipset import (
+    BULK,
+    DEFAULT_MAXELEM,
+    Header,
+    SetChange,
+    maxelem_for,
+    too_small,
+)
 from ipvsproxy.companion.sets import Entry, SetState, all_sets, entries_for
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
 from ipvsproxy.sync.desired import Access
@@ -102,6 +109,19 @@ class SetIndex:
                 for name, (kind, v) in self._kinds.items()
             }
         )
+
+    def drifted(self, headers: Mapping[str, Header]) -> tuple[str, ...]:
+        """The sets whose observed headers (`Companion.observe_headers()`) differ from what
+        the index believes the host holds after its last take: missing, another type, size
+        or capacity, or a set of ours it does not know (a leftover). Any: run a full pass."""
+        if self._seeded is not None:
+            return ()  # not taken since the seed: nothing to compare yet
+        wrong = [name for name in headers if name not in self._kinds]
+        for name, (kind, version) in self._kinds.items():
+            count = len(self._members.get(name, ()))
+            if headers.get(name) != (kind, version, self._host.get(name, -1), count):
+                wrong.append(name)
+        return tuple(sorted(wrong))
 
     def take(self) -> tuple[SetChange, ...]:
         """The changes since the last take/seed: sets to create, entries to add and delete,

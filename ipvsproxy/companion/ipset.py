@@ -116,6 +116,30 @@ def host_after(before: SetState, changes: Iterable[SetChange]) -> SetState:
     return SetState(sets, maxelem)
 
 
+Header = tuple[str, int, int, int]  # type, IP version, maxelem, number of entries
+
+
+def parse_headers(text: str) -> dict[str, Header]:
+    """ipvsproxy's sets from `ipset list -t` (headers only: no entry is printed, so ipset
+    looks up no protocol name): name -> (type, IP version, maxelem, number of entries)."""
+    found: dict[str, Header] = {}
+    name, kind, version, maxelem = "", "", 4, DEFAULT_MAXELEM
+    for line in text.splitlines():
+        key, _, value = line.partition(": ")
+        if key == "Name":
+            name = value.strip()
+        elif key == "Type":
+            kind = value.strip()
+        elif key == "Header":
+            words = value.split()
+            options = dict(zip(words[::2], words[1::2], strict=False))
+            version = 6 if options.get("family") == "inet6" else 4
+            maxelem = int(options.get("maxelem", DEFAULT_MAXELEM))
+        elif key == "Number of entries" and name.startswith(SET_PREFIX):
+            found[name] = (kind, version, maxelem, int(value))
+    return found
+
+
 def parse_names(text: str) -> list[str]:
     """ipvsproxy's set names (prefix `IPVSPROXY-`) from `ipset list -n`."""
     return [name for name in text.split() if name.startswith(SET_PREFIX)]

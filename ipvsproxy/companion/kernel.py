@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from ipvsproxy.companion.ipset import (
     BULK,
     DEFAULT_MAXELEM,
+    Header,
     SetChange,
     ipset_script,
     maxelem_for,
+    parse_headers,
     parse_ipset_save,
     parse_names,
     save_script,
@@ -174,6 +176,11 @@ class Companion:
         if plan.stale_sets:
             stale = "".join(f"destroy {name}\n" for name in plan.stale_sets)
             self.commands.run(["ipset", "restore", "-exist"], stdin=stale)
+
+    def observe_headers(self) -> dict[str, Header]:
+        """ipvsproxy's sets' type, family, maxelem and size, with one `ipset list -t`: a
+        cheap drift check between full syncs (`SetIndex.drifted()`), as no entry is printed."""
+        return parse_headers(self.commands.run(["ipset", "list", "-t"]))
 
     def write_sets(self, changes: Iterable[SetChange]) -> int:
         """The incremental path: write `SetIndex.take()`'s changes with ONE `ipset restore`

@@ -393,3 +393,51 @@ def test_a_full_pass_seeds_the_index_and_partial_passes_write_only_changes_in_on
         want = wanted(result.state, {}, local=here)
         assert host.held() == {n: e for n, (_, v, e) in want.sets.items() if v == 4}
     assert extra.changes == 4  # CLUSTER-IP, SERVICE-PORTS, VIPS, LOOP-BACK (10.244.0.120)
+
+
+def test_a_cheap_header_check_finds_drift_between_full_passes():
+    from ipvsproxy.companion.ipset import parse_headers
+
+    host = FakeHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    index = SetIndex(versions=(4,))
+    result, desired = synced(10, local=frozenset())
+    index.reset(result.state, desired.access, local=())
+    companion.write_sets(index.take())
+
+    def headers():
+        text = "".join(
+            f"Name: {name}\nType: {kind}\nRevision: 7\nHeader: family "
+            f"{'inet' if v == 4 else 'inet6'} hashsize 1024 maxelem {m} bucketsize 12\n"
+            f"Size in memory: 264\nReferences: 0\nNumber of entries: {len(e)}\n\n"
+            for name, (kind, v, m, e) in host.sets.items()
+        )
+        return parse_headers(text + "Name: KUBE-X\nType: hash:ip\nNumber of entries: 3\n")
+
+    assert index.drifted(headers()) == ()
+    host.sets["IPVSPROXY-VIPS"][3].discard("10.96.0.3")  # someone deleted an entry
+    assert index.drifted(headers()) == ("IPVSPROXY-VIPS",)
+    host.sets["IPVSPROXY-VIPS"][3].add("10.96.0.3")
+    host.sets["IPVSPROXY-LB-FW-T"] = ("hash:ip,port", 4, 65536, set())  # a leftover
+    del host.sets["IPVSPROXY-NODE-PORT"]
+    assert index.drifted(headers()) == ("IPVSPROXY-LB-FW-T", "IPVSPROXY-NODE-PORT")
+
+
+def test_headers_parsed_from_ipset_list_t_as_ipset_7_17_prints_them():
+    from ipvsproxy.companion.ipset import parse_headers
+
+    text = (
+        "Name: IPVSPROXY-A\nType: hash:ip,port\nRevision: 7\n"
+        "Header: family inet hashsize 1024 maxelem 131072 bucketsize 12 initval 0x49249889\n"
+        "Size in memory: 264\nReferences: 0\nNumber of entries: 1\n\n"
+        "Name: KUBE-B\nType: hash:ip\nRevision: 6\n"
+        "Header: family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x7fd5e1b8\n"
+        "Size in memory: 216\nReferences: 0\nNumber of entries: 0\n\n"
+        "Name: IPVSPROXY-B-6\nType: hash:ip\nRevision: 6\n"
+        "Header: family inet6 hashsize 1024 maxelem 65536 bucketsize 12 initval 0x7fd5e1b8\n"
+        "Size in memory: 216\nReferences: 1\nNumber of entries: 12\n"
+    )
+    assert parse_headers(text) == {
+        "IPVSPROXY-A": ("hash:ip,port", 4, 131072, 1),
+        "IPVSPROXY-B-6": ("hash:ip", 6, 65536, 12),
+    }
