@@ -105,6 +105,12 @@ class IptablesKernel:
         """Read both families' nat tables (`iptables-save`), decode ipvsproxy's chains and
         compare them with what that state renders to: the periodic full resync."""
         saved = {version: parse_save(self._save(version)) for version in self._families}
+        last = self._table
+        if last is not None and not any(damage(saved[v], last.ruleset(v)) for v in saved):
+            # The chains are exactly what the last state renders to, and rendering reads
+            # back exactly (tests/iptables): no need to decode or render them again.
+            self._repair, self._damage = {}, ()
+            return last.state()
         states = [read_state(s) for s in saved.values()]
         names = {key: name for _, found in states for key, name in found.items()}
         state = IpvsState(
@@ -205,7 +211,7 @@ class IptablesKernel:
     def _warn(self, done: list[Op], names: Mapping[VSKey, str]) -> None:
         """Once per Service: its scheduler cannot be imitated, connections spread at random."""
         for op in done:
-            if not isinstance(op, AddService | UpdateService):
+            if not isinstance(op, (AddService, UpdateService)):
                 continue
             scheduler = op.vs.scheduler
             if IPTABLES_FIDELITY[scheduler] is not IptablesFidelity.RANDOM:

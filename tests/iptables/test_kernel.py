@@ -143,6 +143,8 @@ def test_partial_syncs_add_up_to_what_a_full_render_gives(history):
                 if c.startswith("IPVSPX-")
             }
             assert have == want
+        assert kernel.observe() == desired  # undamaged: the chains are the last state
+        assert commands.tools()[-2:] == ["iptables-save", "ip6tables-save"]
         fresh = IptablesKernel(commands=commands)
         assert fresh.observe() == desired
         assert fresh.damage() == ()
