@@ -2,77 +2,40 @@
 
 Why hand-written (see codec.py for the encoding side): a sync writes thousands of requests.
 `ipvsadm -R` opens a socket and resolves the family per line; one request+ack at a time
-costs a round trip each. Here many requests go out in one `send()` (up to BATCH_BYTES), the
-ack flag set only on the last one: the kernel processes them in order and answers every
-failed request with an NLMSG_ERROR carrying its sequence number, so each failure maps back
-to its operation. Measured in the IPVS VM: 0.18-0.22x the time of `ipvsadm -R`.
+costs a round trip each. Here many requests go out in one `send()` with the ack flag only
+on the last one (nlsocket.py, shared with rtnl.py's address changes). Measured in the IPVS
+VM: 0.18-0.22x the time of `ipvsadm -R`.
 
-Dumps cannot be batched: one dump may be in flight per socket (EBUSY otherwise).
-
-Imports: codec, errors, the standard library.
+Imports: codec, nlsocket, errors, the standard library.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
-import socket
 import struct
 from collections.abc import Sequence
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.netlink import codec
+from ipvsproxy.netlink.nlsocket import BATCH_BYTES, NetlinkSocket, os_error
+
+__all__ = ["BATCH_BYTES", "GenlSocket", "os_error"]
 
 NETLINK_GENERIC = 16
-SOL_NETLINK = 270
-NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
-BATCH_BYTES = 256 * 1024
-RECV_BYTES = 1024 * 1024
-_HEADER = struct.Struct("=IHHII")
-_REQUEST = struct.Struct("=IHHIIBBH")  # nlmsghdr and genlmsghdr
-_ERRNO = struct.Struct("=i")
-RCVBUF = 32 * 1024 * 1024
-SNDBUF = 8 * 1024 * 1024
-SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+# genlmsghdr (cmd, version, reserved) per command, packed once
+_GENL_HEADS = tuple(struct.pack("=BBH", cmd, codec.IPVS_GENL_VERSION, 0) for cmd in range(256))
 
 
-class GenlSocket:
+class GenlSocket(NetlinkSocket):
     """Requests and dumps for one generic-netlink family (here: "IPVS")."""
 
     def __init__(self, family_name: str = "IPVS") -> None:
+        super().__init__(NETLINK_GENERIC, "generic netlink")
         try:
-            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
-        except OSError as exc:
-            raise KernelUnavailable(f"cannot open a generic netlink socket: {exc}") from exc
-        self._seq = 0
-        self._recv = bytearray(4 * 1024 * 1024)
-        try:
-            self._buffers()
-            self._sock.bind((0, 0))
             self.family = self._resolve(family_name)
         except BaseException:
             self._sock.close()
             raise
-
-    def close(self) -> None:
-        self._sock.close()
-
-    def _buffers(self) -> None:
-        for force, plain, size in (
-            (SO_RCVBUFFORCE, socket.SO_RCVBUF, RCVBUF),
-            (SO_SNDBUFFORCE, socket.SO_SNDBUF, SNDBUF),
-        ):
-            try:  # needs CAP_NET_ADMIN; fall back to what the sysctl maximum allows
-                self._sock.setsockopt(socket.SOL_SOCKET, force, size)
-            except OSError:
-                self._sock.setsockopt(socket.SOL_SOCKET, plain, size)
-        with contextlib.suppress(OSError):  # older kernels: full acks, still correct
-            self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
-
-    def _next_seq(self) -> int:
-        self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
-        return self._seq
 
     def _resolve(self, name: str) -> int:
         seq = self._next_seq()
@@ -91,61 +54,10 @@ class GenlSocket:
                 return codec.u16(found[codec.CTRL_ATTR_FAMILY_ID])
         raise KernelUnavailable(f"no answer resolving generic netlink family {name!r}")
 
-    def _replies(self, last_seq: int) -> list[tuple[int, int, int, memoryview]]:
-        """Messages up to and including the final answer to `last_seq` (error/ack or DONE)."""
-        out = []
-        while True:
-            size = self._sock.recv_into(self._recv)
-            data = bytes(self._recv[:size])
-            for kind, flags, seq, payload in codec.messages(data):
-                out.append((kind, flags, seq, payload))
-                if seq == last_seq and (
-                    kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE) or not flags & codec.NLM_F_MULTI
-                ):
-                    return out
-
     def batch(self, requests: Sequence[tuple[int, bytes]]) -> list[int]:
-        """Send (command, attributes) requests in order; the errno of each (0 = done).
-
-        Each send carries up to BATCH_BYTES of requests with consecutive sequence numbers,
-        the last one asking for an ack; an error's sequence number gives its request's
-        position. One loop with the header packed inline: a cold sync sends 10,000s.
-        """
-        results = [0] * len(requests)
-        family, pack, total = self.family, _REQUEST.pack, len(requests)
-        request, request_ack = codec.NLM_F_REQUEST, codec.NLM_F_REQUEST | codec.NLM_F_ACK
-        start = 0
-        while start < total:
-            parts: list[bytes] = []
-            size, index, seq = 0, start, self._seq
-            first = (seq + 1) & 0xFFFFFFFF or 1
-            while index < total:
-                cmd, attrs = requests[index]
-                length = _REQUEST.size + len(attrs)
-                if parts and size + length > BATCH_BYTES:
-                    break
-                seq = (seq + 1) & 0xFFFFFFFF or 1  # 0 is never a request's sequence number
-                parts.append(pack(length, family, request, seq, 0, cmd, codec.IPVS_GENL_VERSION, 0))
-                parts.append(attrs)
-                size += (length + 3) & ~3
-                index += 1
-            cmd, attrs = requests[index - 1]  # the last asks for the ack that ends the batch
-            parts[-2] = pack(
-                _REQUEST.size + len(attrs), family, request_ack, seq, 0, cmd,
-                codec.IPVS_GENL_VERSION, 0,
-            )  # fmt: skip
-            self._seq = seq
-            self._sock.send(b"".join(parts))
-            count = index - start
-            for kind, _, got, payload in self._replies(seq):
-                if kind == codec.NLMSG_ERROR:
-                    offset = (got - first) & 0xFFFFFFFF
-                    if got < first:
-                        offset -= 1  # the numbers wrapped past 0, which is skipped
-                    if 0 <= offset < count:
-                        results[start + offset] = codec.error_code(payload)
-            start = index
-        return results
+        """Send (command, attributes) requests in order; the errno of each (0 = done)."""
+        family, request, heads = self.family, codec.NLM_F_REQUEST, _GENL_HEADS
+        return self.send_batch([(family, request, heads[cmd], attrs) for cmd, attrs in requests])
 
     def request(self, cmd: int, attrs: bytes) -> None:
         """One request; KernelError if the kernel refuses it."""
@@ -154,39 +66,5 @@ class GenlSocket:
             raise KernelError(os_error(code))
 
     def dump_raw(self, cmd: int, attrs: bytes = b"") -> list[bytes]:
-        """The received datagrams of a dump, each holding whole messages (the last: DONE).
-
-        A dump is one request and at least two datagrams (the data, then DONE: the kernel
-        sends what a dump callback wrote before calling it again). observe() runs one dump
-        per service, so this loop looks at two headers per datagram, never at every message:
-        the last 20 bytes (DONE, whose payload is 0 or the dump's -errno) and the first
-        (an NLMSG_ERROR when the kernel refused the request itself).
-        """
-        seq = self._next_seq()
-        flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
-        self._sock.send(codec.message(self.family, cmd, attrs, seq=seq, flags=flags))
-        chunks = []
-        view, recv_into, unpack = memoryview(self._recv), self._sock.recv_into, _HEADER.unpack_from
-        while True:
-            size = recv_into(view)
-            data = bytes(view[:size])
-            chunks.append(data)
-            if size >= 20:
-                length, kind, _, got_seq, _ = unpack(data, size - 20)
-                if length == 20 and kind == codec.NLMSG_DONE and got_seq == seq:
-                    code = -_ERRNO.unpack_from(data, size - 4)[0]
-                    if code > 0:
-                        raise KernelError(f"dump failed: {os_error(code)}")
-                    return chunks
-            if size >= 20:
-                length, kind, _, got_seq, _ = unpack(data, 0)
-                if got_seq == seq and kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE):
-                    code = codec.error_code(memoryview(data)[16:length])
-                    if code > 0:
-                        raise KernelError(f"dump failed: {os_error(code)}")
-                    return chunks
-
-
-def os_error(code: int) -> str:
-    """`ESRCH (No such process)` for an errno."""
-    return f"{errno.errorcode.get(code, str(code))} ({os.strerror(code)})"
+        """The received datagrams of a dump (see NetlinkSocket.dump)."""
+        return self.dump(self.family, _GENL_HEADS[cmd] + attrs)

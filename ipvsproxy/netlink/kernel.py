@@ -1,11 +1,11 @@
 """`NetlinkKernel`: the IPVS backend of the `Kernel` interface.
 
 observe(): one service dump, one destination dump per service, and the dummy device's
-addresses. apply(): consecutive IPVS operations go to the kernel as one batch (see genl.py);
-address operations go through pyroute2. Kernel errnos become the project's errors here,
-per operation, so one refused operation never stops the rest of a sync.
+addresses. apply(): consecutive IPVS operations go to the kernel as one batch (see genl.py),
+and so do consecutive address operations (see rtnl.py). Kernel errnos become the project's
+errors here, per operation, so one refused operation never stops the rest of a sync.
 
-Imports: codec, genl, links, model, kernel, errors.
+Imports: codec, fast, genl, links, nlsocket, model, kernel, errors.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from ipvsproxy.model import (
     summary,
 )
 from ipvsproxy.netlink import codec, fast
-from ipvsproxy.netlink.genl import GenlSocket, os_error
+from ipvsproxy.netlink.genl import GenlSocket
 from ipvsproxy.netlink.links import DummyDevice
+from ipvsproxy.netlink.nlsocket import os_error
 
 
 class NetlinkKernel:
@@ -106,16 +107,10 @@ class NetlinkKernel:
         return ApplyReport(applied=len(plan) - len(failures), failures=tuple(failures))
 
     def _apply_addresses(self, ops: list[Op]) -> list[Failure]:
-        failures = []
-        for op in ops:
-            try:
-                if isinstance(op, BindAddress):
-                    self._device.bind(op.address)
-                elif isinstance(op, UnbindAddress):
-                    self._device.unbind(op.address)
-            except KernelError as err:
-                failures.append(Failure(op, err))
-        return failures
+        """A run of bind/unbind operations as one batch (see links.DummyDevice.change)."""
+        run = [op for op in ops if isinstance(op, BindAddress | UnbindAddress)]
+        errors = self._device.change([(op.address, isinstance(op, BindAddress)) for op in run])
+        return [Failure(op, err) for op, err in zip(run, errors, strict=True) if err]
 
     def set_timeouts(self, *, tcp: int = 0, tcp_fin: int = 0, udp: int = 0) -> None:
         """IPVS connection timeouts in seconds; 0 leaves one unchanged."""

@@ -13,6 +13,7 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.netlink import codec
 from ipvsproxy.netlink import genl as genl_module
 from ipvsproxy.netlink.genl import GenlSocket
+from tests.netlink.scripted import ScriptedKernel, error
 
 
 @pytest.fixture
@@ -45,10 +46,6 @@ def done(seq: int, errno: int = 0, *, extra: bytes = b"") -> bytes:
     return struct.pack("=IHHIIi", 20 + len(extra), codec.NLMSG_DONE, 2, seq, 0, -errno) + extra
 
 
-def error(seq: int, errno: int) -> bytes:
-    return struct.pack("=IHHIIi", 36, codec.NLMSG_ERROR, 0, seq, 0, -errno) + bytes(16)
-
-
 @pytest.mark.parametrize(
     "datagrams",
     [
@@ -72,34 +69,6 @@ def test_a_refused_dump_and_a_failed_dump_are_errors(scripted):
         scripted(data(1, 2), done(1, 90)).dump_raw(codec.CMD_GET_DEST)
 
 
-class ScriptedKernel:
-    """A socket that answers each sent batch like the kernel: an NLMSG_ERROR for every
-    refused request (by its position in `refuse`), then the ack the last one asked for."""
-
-    def __init__(self, refuse: dict[int, int]) -> None:
-        self.refuse, self.seen = refuse, 0
-        self.sends: list[bytes] = []
-        self._queue: list[bytes] = []
-
-    def send(self, data: bytes) -> int:
-        self.sends.append(data)
-        replies = []
-        for kind, flags, seq, _ in codec.messages(data):
-            assert kind == 0x20
-            assert flags & codec.NLM_F_REQUEST
-            code = self.refuse.get(self.seen, 0)
-            self.seen += 1
-            if code or flags & codec.NLM_F_ACK:
-                replies.append(error(seq, code))
-        self._queue.append(b"".join(replies))
-        return len(data)
-
-    def recv_into(self, buf: bytearray) -> int:
-        data = self._queue.pop(0)
-        buf[: len(data)] = data
-        return len(data)
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     count=st.integers(1, 3000),
@@ -108,7 +77,12 @@ class ScriptedKernel:
 )
 def test_every_refusal_maps_back_to_its_request_across_sends(count, start, data):
     refuse = data.draw(st.dictionaries(st.integers(0, count - 1), st.sampled_from([2, 3, 17])))
-    kernel = ScriptedKernel(refuse)
+
+    def answer(position: int, kind: int, _: memoryview) -> int:
+        assert kind == 0x20
+        return int(refuse.get(position, 0))
+
+    kernel = ScriptedKernel(answer)
     genl = GenlSocket.__new__(GenlSocket)
     genl._sock = kernel  # type: ignore[assignment]
     genl._seq, genl._recv, genl.family = start, bytearray(65536), 0x20

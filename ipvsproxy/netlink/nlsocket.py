@@ -1,0 +1,165 @@
+"""One netlink socket with batched requests and raw dumps: what genl.py (IPVS) and rtnl.py
+(addresses) share.
+
+Why batched: a sync can write thousands of requests, and one request + ack at a time costs a
+round trip each. Here many requests go out in one `send()` (up to BATCH_BYTES), the ack
+flag set only on the last one: the kernel processes them in order and answers every failed
+request with an NLMSG_ERROR carrying its sequence number (netlink_rcv_skb acks on error even
+without NLM_F_ACK), so each failure maps back to its request.
+
+Dumps cannot be batched: one dump may be in flight per socket (EBUSY otherwise).
+
+Imports: codec, errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import struct
+from collections.abc import Sequence
+
+from ipvsproxy.errors import KernelError, KernelUnavailable
+from ipvsproxy.netlink import codec
+
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10  # acks without the original request: shorter replies
+BATCH_BYTES = 256 * 1024
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_ERRNO = struct.Struct("=i")
+RCVBUF = 32 * 1024 * 1024
+SNDBUF = 8 * 1024 * 1024
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+
+Request = tuple[int, int, bytes, bytes]
+"""(message type, flags, fixed header after nlmsghdr, attributes): both parts a multiple of
+4 bytes long (netlink attributes are padded), so messages need no padding between them."""
+
+
+class NetlinkSocket:
+    """A bound netlink socket of one protocol (NETLINK_GENERIC, NETLINK_ROUTE, ...)."""
+
+    def __init__(self, protocol: int, what: str) -> None:
+        try:
+            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
+        except OSError as exc:
+            raise KernelUnavailable(f"cannot open a {what} socket: {exc}") from exc
+        self._seq = 0
+        self._recv = bytearray(4 * 1024 * 1024)
+        try:
+            self._buffers()
+            self._sock.bind((0, 0))
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _buffers(self) -> None:
+        for force, plain, size in (
+            (SO_RCVBUFFORCE, socket.SO_RCVBUF, RCVBUF),
+            (SO_SNDBUFFORCE, socket.SO_SNDBUF, SNDBUF),
+        ):
+            try:  # needs CAP_NET_ADMIN; fall back to what the sysctl maximum allows
+                self._sock.setsockopt(socket.SOL_SOCKET, force, size)
+            except OSError:
+                self._sock.setsockopt(socket.SOL_SOCKET, plain, size)
+        with contextlib.suppress(OSError):  # older kernels: full acks, still correct
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+
+    def _next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
+        return self._seq
+
+    def _replies(self, last_seq: int) -> list[tuple[int, int, int, memoryview]]:
+        """Messages up to and including the final answer to `last_seq` (error/ack or DONE)."""
+        out = []
+        while True:
+            size = self._sock.recv_into(self._recv)
+            data = bytes(self._recv[:size])
+            for kind, flags, seq, payload in codec.messages(data):
+                out.append((kind, flags, seq, payload))
+                if seq == last_seq and (
+                    kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE) or not flags & codec.NLM_F_MULTI
+                ):
+                    return out
+
+    def send_batch(self, requests: Sequence[Request]) -> list[int]:
+        """Send requests in order; the errno of each (0 = done).
+
+        Each send carries up to BATCH_BYTES of requests with consecutive sequence numbers,
+        the last one asking for an ack; an error's sequence number gives its request's
+        position. One loop with the header packed inline: a cold sync sends 10,000s.
+        """
+        results = [0] * len(requests)
+        pack, total, ack = _HEADER.pack, len(requests), codec.NLM_F_ACK
+        start = 0
+        while start < total:
+            parts: list[bytes] = []
+            size, index, seq = 0, start, self._seq
+            first = (seq + 1) & 0xFFFFFFFF or 1
+            while index < total:
+                kind, flags, head, attrs = requests[index]
+                length = 16 + len(head) + len(attrs)
+                if parts and size + length > BATCH_BYTES:
+                    break
+                seq = (seq + 1) & 0xFFFFFFFF or 1  # 0 is never a request's sequence number
+                parts += (pack(length, kind, flags, seq, 0), head, attrs)
+                size += length
+                index += 1
+            kind, flags, head, attrs = requests[index - 1]  # the last asks for the ack
+            parts[-3] = pack(16 + len(head) + len(attrs), kind, flags | ack, seq, 0)
+            self._seq = seq
+            self._sock.send(b"".join(parts))
+            count = index - start
+            for kind, _, got, payload in self._replies(seq):
+                if kind == codec.NLMSG_ERROR:
+                    offset = (got - first) & 0xFFFFFFFF
+                    if got < first:
+                        offset -= 1  # the numbers wrapped past 0, which is skipped
+                    if 0 <= offset < count:
+                        results[start + offset] = codec.error_code(payload)
+            start = index
+        return results
+
+    def dump(self, kind: int, body: bytes) -> list[bytes]:
+        """The received datagrams of a dump request (`body`: what follows the nlmsghdr),
+        each holding whole messages (the last: DONE).
+
+        A dump is one request and at least two datagrams (the data, then DONE: the kernel
+        sends what a dump callback wrote before calling it again). observe() runs one dump
+        per service, so this loop looks at two headers per datagram, never at every message:
+        the last 20 bytes (DONE, whose payload is 0 or the dump's -errno) and the first
+        (an NLMSG_ERROR when the kernel refused the request itself).
+        """
+        seq = self._next_seq()
+        flags = codec.NLM_F_REQUEST | codec.NLM_F_DUMP
+        self._sock.send(_HEADER.pack(16 + len(body), kind, flags, seq, 0) + body)
+        chunks = []
+        view, recv_into, unpack = memoryview(self._recv), self._sock.recv_into, _HEADER.unpack_from
+        while True:
+            size = recv_into(view)
+            data = bytes(view[:size])
+            chunks.append(data)
+            if size >= 20:
+                length, kind, _, got_seq, _ = unpack(data, size - 20)
+                if length == 20 and kind == codec.NLMSG_DONE and got_seq == seq:
+                    code = -_ERRNO.unpack_from(data, size - 4)[0]
+                    if code > 0:
+                        raise KernelError(f"dump failed: {os_error(code)}")
+                    return chunks
+            if size >= 20:
+                length, kind, _, got_seq, _ = unpack(data, 0)
+                if got_seq == seq and kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE):
+                    code = codec.error_code(memoryview(data)[16:length])
+                    if code > 0:
+                        raise KernelError(f"dump failed: {os_error(code)}")
+                    return chunks
+
+
+def os_error(code: int) -> str:
+    """`ESRCH (No such process)` for an errno."""
+    return f"{errno.errorcode.get(code, str(code))} ({os.strerror(code)})"
