@@ -24,6 +24,7 @@ from integration.conftest import clean_ipvs
 from integration.lab import PORT, Lab, connect, inside, request, sh
 from ipvsproxy.companion.index import SetIndex
 from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.companion.nlread import SetReader
 from ipvsproxy.companion.sets import wanted
 from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
@@ -54,8 +55,9 @@ class Node:
         _attach(self.ns, f"lan{n}", f"{self.address}/24")
         with inside(self.ns):
             self.kernel = NetlinkKernel()
+            reader = SetReader()  # reads this namespace's sets
         commands = Commands(prefix=("ip", "netns", "exec", self.ns))
-        self.companion = Companion(commands=commands)
+        self.companion = Companion(commands=commands, reader=reader)
         self.companion.check()
         self.companion_s = 0.0  # the last companion step's duration
         self.config = Config(
@@ -78,6 +80,8 @@ class Node:
 
     def close(self) -> None:
         self.kernel.close()
+        if self.companion.reader is not None:
+            self.companion.reader.close()
         self.lab.close()
 
 
@@ -328,7 +332,10 @@ def test_the_incremental_set_index_writes_what_the_full_path_wants(cluster):
     desired, _ = from_objects(many(20), n1.config)
     index = SetIndex(versions=n1.companion.versions)
     index.reset(desired.state, desired.access, local=desired.local_endpoints)
-    index.seed(n1.companion.observe_sets())
+    observed = n1.companion.observe_sets()  # over netlink
+    tool = Companion(commands=n1.companion.commands, versions=n1.companion.versions)
+    assert tool.observe_sets() == observed  # ipset save says the same
+    index.seed(observed)
     assert index.take() == ()  # the full sync left exactly what the index wants
     changed, _ = from_objects(many(300), n1.config)  # 280 more: swapped in
     fewer, _ = from_objects(many(5), n1.config)

@@ -1,7 +1,8 @@
 """The companion rules and ipsets on the live host: observe, plan, apply, clean up.
 
-Owns: `Companion` (reads ipvsproxy's sets by name: `ipset list -n`, then one `ipset restore`
-of `save NAME` lines for the `IPVSPROXY-*` ones only, never other agents' sets; its chains with
+Owns: `Companion` (reads ipvsproxy's sets over netlink with a `SetReader`, else by name:
+`ipset list -n`, then one `ipset restore` of `save NAME` lines for the `IPVSPROXY-*` ones
+only, never other agents' sets; its chains with
 `iptables-save`; writes set changes as one `ipset restore` batch and chain changes as one
 `iptables-restore --noflush` transaction per family and table), `plan_companion()` (pure:
 observed vs wanted -> `CompanionPlan`, with its description for `diff`), and
@@ -38,6 +39,7 @@ from ipvsproxy.companion.ipset import (
     save_script,
     too_small,
 )
+from ipvsproxy.companion.nlread import SetReader
 from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
 from ipvsproxy.companion.sets import SetState
 from ipvsproxy.errors import KernelError
@@ -136,6 +138,9 @@ class Companion:
     options: Options = field(default_factory=Options)
     commands: Commands = field(default_factory=Commands)
     versions: tuple[int, ...] = (4, 6)
+    # reads the sets over netlink instead of `ipset save` (made in the namespace `commands`
+    # work in): no process, no per-entry /etc/protocols read by the ipset tool
+    reader: SetReader | None = None
 
     def check(self) -> None:
         """KernelUnavailable without ipset or iptables; IPv6 left out without ip6tables."""
@@ -157,7 +162,10 @@ class Companion:
         return Observed(self.observe_sets(), chains)
 
     def observe_sets(self) -> SetState:
-        """ipvsproxy's sets only: their names, then one batch of `save NAME` (2 processes)."""
+        """ipvsproxy's sets only: over netlink with a reader; else their names, then one
+        batch of `save NAME` (2 processes)."""
+        if self.reader is not None:
+            return self.reader.observe()
         names = parse_names(self.commands.run(["ipset", "list", "-n"]))
         if not names:
             return SetState({})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ipaddress import ip_address, ip_network
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 
 from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.companion.kernel import (
@@ -111,6 +111,7 @@ def observed_from(sets: SetState, options: Options) -> Observed:
     return Observed(sets, chains)
 
 
+@settings(deadline=None)
 @given(states(), states())
 def test_a_plan_reaches_the_wanted_sets_and_then_there_is_nothing_to_do(before, after):
     options = Options()

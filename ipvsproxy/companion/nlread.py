@@ -1,0 +1,161 @@
+"""ipvsproxy's ipsets read over netfilter netlink: no process, no libc lookup per entry.
+
+Owns: `SetReader` (names, then one dump per `IPVSPROXY-*` set, decoded into the text
+`ipset save` prints, so observed and wanted sets still compare as text) and `decode_entry()`.
+
+Why not `ipset save`: it prints each entry's protocol through getprotobynumber(), which opens
+and reads /etc/protocols once per entry. Measured in the test VM (Debian 6.1 kernel, root
+filesystem over 9p, one file syscall ~2 ms): 5,000 entries took 59 s to observe, 12,000 took
+136-170 s. A netlink dump sends a few kernel messages of ~100 entries each.
+
+Protocol (include/uapi/linux/netfilter/ipset/ip_set.h): NFNL_SUBSYS_IPSET, IPSET_CMD_LIST
+with IPSET_ATTR_PROTOCOL 7; IPSET_FLAG_LIST_SETNAME lists names only.
+
+Imports: companion.sets, errors, the standard library (no pyroute2: see pyproject's contracts).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from ipaddress import IPv4Address, IPv6Address
+
+from ipvsproxy.companion.sets import SET_PREFIX, SetState
+from ipvsproxy.errors import KernelError
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_IPSET = 6
+IPSET_CMD_LIST = 7
+IPSET_PROTOCOL = 7
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLA_TYPE_MASK = 0x3FFF
+# attributes: top level, then inside DATA (per entry / the set's header)
+ATTR_PROTOCOL, ATTR_SETNAME, ATTR_TYPENAME, ATTR_FAMILY, ATTR_FLAGS = 1, 2, 3, 5, 6
+ATTR_DATA, ATTR_ADT = 7, 8
+ATTR_IP, ATTR_CIDR, ATTR_PORT, ATTR_PROTO, ATTR_MAXELEM = 1, 3, 4, 7, 19
+ATTR_IP2, ATTR_CIDR2 = 20, 21
+IPADDR_IPV4, IPADDR_IPV6 = 1, 2
+FLAG_LIST_SETNAME = 1 << 1
+PROTOCOLS = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "ipv6-icmp"}
+_HEADER = struct.Struct("=IHHII")
+_ATTR = struct.Struct("=HH")
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    size = _ATTR.size + len(payload)
+    return _ATTR.pack(size, kind) + payload + b"\0" * (-size % 4)
+
+
+def _attrs(data: bytes) -> Iterator[tuple[int, bytes]]:
+    at = 0
+    while at + _ATTR.size <= len(data):
+        size, kind = _ATTR.unpack_from(data, at)
+        if size < _ATTR.size:
+            return
+        yield kind & NLA_TYPE_MASK, data[at + _ATTR.size : at + size]
+        at += (size + 3) & ~3
+
+
+def _address(data: bytes) -> IPv4Address | IPv6Address:
+    for kind, value in _attrs(data):
+        if kind == IPADDR_IPV4:
+            return IPv4Address(value)
+        if kind == IPADDR_IPV6:
+            return IPv6Address(value)
+    raise KernelError("ipset: an entry without an address")
+
+
+def decode_entry(data: bytes) -> str:
+    """One entry (the attributes inside IPSET_ATTR_DATA) as `ipset save` prints it."""
+    found = dict(_attrs(data))
+    address = _address(found[ATTR_IP])
+    text = str(address)
+    if ATTR_CIDR in found and found[ATTR_CIDR][0] < address.max_prefixlen:
+        text += f"/{found[ATTR_CIDR][0]}"
+    if ATTR_PORT in found:
+        proto = found[ATTR_PROTO][0] if ATTR_PROTO in found else socket.IPPROTO_TCP
+        port = struct.unpack("!H", found[ATTR_PORT][:2])[0]
+        text += f",{PROTOCOLS.get(proto, str(proto))}:{port}"
+    if ATTR_IP2 in found:
+        second = _address(found[ATTR_IP2])
+        text += f",{second}"
+        if ATTR_CIDR2 in found and found[ATTR_CIDR2][0] < second.max_prefixlen:
+            text += f"/{found[ATTR_CIDR2][0]}"
+    return text
+
+
+class SetReader:
+    """A netfilter netlink socket in the network namespace it was made in."""
+
+    def __init__(self) -> None:
+        try:
+            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+            self._sock.bind((0, 0))
+        except OSError as exc:
+            raise KernelError(f"ipset over netlink: {exc}") from exc
+        self._seq = 0
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def observe(self) -> SetState:
+        """ipvsproxy's sets (name prefix `IPVSPROXY-`): type, family, maxelem, entries."""
+        names = [n for n in self.names() if n.startswith(SET_PREFIX)]
+        sets: dict[str, tuple[str, int, frozenset[str]]] = {}
+        maxelem: dict[str, int] = {}
+        for name in names:
+            kind, version, capacity, entries = self._one(name)
+            sets[name] = (kind, version, frozenset(entries))
+            maxelem[name] = capacity
+        return SetState(sets, maxelem)
+
+    def names(self) -> list[str]:
+        flags = _attr(ATTR_FLAGS, struct.pack("!I", FLAG_LIST_SETNAME))
+        found = []
+        for attrs in self._dump(flags):
+            name = attrs.get(ATTR_SETNAME)
+            if name is not None:
+                found.append(name.rstrip(b"\0").decode())
+        return found
+
+    def _one(self, name: str) -> tuple[str, int, int, list[str]]:
+        kind, version, capacity, entries = "", 4, 65536, []
+        for attrs in self._dump(_attr(ATTR_SETNAME, name.encode() + b"\0")):
+            if ATTR_TYPENAME in attrs:  # the first message; the others carry entries only
+                kind = attrs[ATTR_TYPENAME].rstrip(b"\0").decode()
+            if ATTR_FAMILY in attrs:
+                version = 6 if attrs[ATTR_FAMILY][0] == socket.AF_INET6 else 4
+            header = dict(_attrs(attrs.get(ATTR_DATA, b"")))
+            if ATTR_MAXELEM in header:
+                capacity = struct.unpack("!I", header[ATTR_MAXELEM])[0]
+            entries += [decode_entry(data) for _, data in _attrs(attrs.get(ATTR_ADT, b""))]
+        return kind, version, capacity, entries
+
+    def _dump(self, extra: bytes) -> Iterator[dict[int, bytes]]:
+        """The top-level attributes of each message of one IPSET_CMD_LIST dump."""
+        self._seq += 1
+        body = struct.pack("=BBH", socket.AF_UNSPEC, 0, 0)
+        body += _attr(ATTR_PROTOCOL, bytes([IPSET_PROTOCOL])) + extra
+        kind = (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_LIST
+        flags = NLM_F_REQUEST | NLM_F_DUMP
+        self._sock.send(_HEADER.pack(_HEADER.size + len(body), kind, flags, self._seq, 0) + body)
+        while True:
+            data = self._sock.recv(1 << 20)
+            at = 0
+            while at + _HEADER.size <= len(data):
+                size, kind, _, seq, _ = _HEADER.unpack_from(data, at)
+                message = data[at + _HEADER.size : at + size]
+                at += (size + 3) & ~3
+                if seq != self._seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return
+                if kind == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", message)[0]
+                    if code:
+                        raise KernelError(f"ipset list: {os.strerror(code)}")
+                    return
+                yield dict(_attrs(message[4:]))  # after the nfgenmsg
