@@ -17,8 +17,8 @@ are written; a set with many changes is rebuilt as a temporary set and swapped i
 atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
 sets they reference.
 
-Imports: companion.sets, companion.rules, iptables (its parser, transaction and Commands),
-errors, the standard library.
+Imports: companion.sets, companion.ipset, companion.nlread, companion.rules, iptables (its
+parser, transaction and Commands), errors, the standard library.
 """
 
 from __future__ import annotations
