@@ -473,9 +473,17 @@ def change_rounds(
         before = run.log.poll()
         start = time.monotonic()
         api.put(changed)
-        seen = wait_for(lambda: run.kernel.has(cluster_ip(i), 80, new_pod, 8080), 120, 0.02)  # noqa: B023
+        seen = wait_for(
+            lambda: run.kernel.has(cluster_ip(i), 80, new_pod, 8080),  # noqa: B023
+            args.change_timeout,
+            0.02,
+        )
         if seen is None:
-            out.problem(f"agent: the new endpoint {new_pod} of svc-{i} never reached the kernel")
+            out.problem(
+                f"agent: the new endpoint {new_pod} of svc-{i} not in the kernel within "
+                f"{args.change_timeout:g} s"
+            )
+            latencies.append(float("inf"))
             continue
         latencies.append(seen - start)
         wait_for(lambda: run.log.poll() > before, 60, 0.1)  # noqa: B023
@@ -505,6 +513,7 @@ def print_table(out: Results, title: str) -> None:
     print(f"{'what':<11} {'approach':<36} {'seconds':>9}  {'ratio':>6}  note")
     for row in out.rows:
         secs = "n/a" if row.seconds is None else f"{row.seconds:.3f}"
+        secs = "timeout" if row.seconds == float("inf") else secs
         ratio = "" if row.base is None or row.seconds is None else f"{row.seconds / row.base:.2f}"
         print(f"{row.what:<11} {row.approach:<36} {secs:>9}  {ratio:>6}  {row.note}")
     for note in out.notes:
@@ -524,6 +533,7 @@ def main() -> None:
     parser.add_argument("--min-sync-period", type=float, default=1.0, help="the agent's")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before a change")
     parser.add_argument("--timeout", type=float, default=600.0, help="for the first sync")
+    parser.add_argument("--change-timeout", type=float, default=300.0, help="for one change")
     args = parser.parse_args()
     if args.quick:
         args.services, args.sync_period = 100, 6.0
