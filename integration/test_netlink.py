@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Iterator
-from ipaddress import ip_address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,193 @@ def test_a_larger_table_observed_first_and_again_equals_ipvsadm_save(kernel):
     assert (observed.services, observed.dests) == (saved.services, saved.dests)
     assert len(observed.services) == 104
     assert again == observed
+
+
+# ---- observe() through the legacy getsockopt interface (issue 13) ---------------------------
+
+
+def _mixed_table() -> list[AddService | AddDest]:
+    """Every setting observe() reads, on IPv4 (getsockopt), IPv6 and firewall-mark services
+    (netlink): weights 0, thresholds, forwarding methods, persistence with timeouts, sh/mh
+    scheduler flags, TCP/UDP/SCTP."""
+    from ipvsproxy.model import Forward, ServiceFlags
+
+    ops: list[AddService | AddDest] = []
+    both = ServiceFlags.SCHED1 | ServiceFlags.SCHED2
+    sched_flags = [ServiceFlags(0), ServiceFlags.SCHED1, ServiceFlags.SCHED2, both]
+    for n in range(60):
+        v6, mark = n % 5 == 0, 100 + n if n % 7 == 3 else 0
+        address = ip_address(f"fd00:98::{n:x}" if v6 else f"10.98.0.{n + 1}")
+        proto = (Proto.TCP, Proto.UDP, Proto.SCTP)[n % 3] if not mark else Proto.TCP
+        if mark:
+            address = ip_address("::" if v6 else "0.0.0.0")
+        key = VSKey(address, 0 if mark else 1000 + n, proto, fwmark=mark)
+        scheduler = (Scheduler.RR, Scheduler.SH, Scheduler.MH, Scheduler.WLC)[n % 4]
+        flags = sched_flags[n % 4] if scheduler in (Scheduler.SH, Scheduler.MH) else ServiceFlags(0)
+        if n % 6 == 1:
+            flags |= ServiceFlags.PERSISTENT
+        timeout = 60 + n if flags & ServiceFlags.PERSISTENT else 0
+        ops.append(AddService(VirtualServer(key, scheduler, flags, timeout)))
+        for d in range(n % 5):
+            backend = ip_address(f"fd00:246::{n:x}:{d}" if v6 else f"10.246.{n}.{d + 1}")
+            rs = RealServer(
+                RSKey(backend, 8000 + d),
+                weight=(0, 1, 7, 65535)[d % 4],
+                forward=(Forward.MASQ, Forward.ROUTE, Forward.TUNNEL)[(n + d) % 3],
+                upper_threshold=(0, 100)[d % 2],
+                lower_threshold=(0, 10)[d % 2],
+            )
+            ops.append(AddDest(key, rs))
+    return ops
+
+
+@pytest.fixture
+def mixed(kernel):
+    from integration.lab import sctp_available
+
+    ops = [
+        op
+        for op in _mixed_table()
+        if sctp_available()
+        or (op.vs.key if isinstance(op, AddService) else op.service).proto != Proto.SCTP
+    ]
+    assert kernel.apply(ops).failures == ()
+    return ops
+
+
+def test_getsockopt_and_netlink_observe_the_same_table(kernel, mixed):
+    with NetlinkKernel(legacy=False) as netlink, NetlinkKernel() as legacy:
+        assert legacy._legacy is not None  # the getsockopt path is taken
+        by_netlink = netlink.observe()
+        first, again = legacy.observe(), legacy.observe()
+    assert first == by_netlink
+    assert again == by_netlink
+    saved = parse_save(ipvsadm_save())  # which never prints thresholds
+    unthresholded = {
+        key: {
+            k: dataclasses.replace(rs, upper_threshold=0, lower_threshold=0) for k, rs in d.items()
+        }
+        for key, d in first.dests.items()
+    }
+    assert (first.services, unthresholded) == (saved.services, saved.dests)
+    assert {k.address.version for k in first.services} == {4, 6}
+    assert any(k.fwmark for k in first.services)
+
+
+def test_getsockopt_connection_counts_equal_netlinks(kernel, mixed):
+    with NetlinkKernel(legacy=False) as netlink, NetlinkKernel() as legacy:
+        for key in netlink.observe().services:
+            assert legacy.destinations(key) == netlink.destinations(key), key
+        gone = VSKey(ip_address("10.98.9.9"), 1, Proto.TCP)
+        assert legacy.destinations(gone) == netlink.destinations(gone) == []
+
+
+def test_getsockopt_a_service_gone_or_changed_since_listed(kernel, mixed, monkeypatch):
+    """A listed service deleted before its destinations are asked for is left out; one
+    whose destination count differs from the listed one is read over netlink."""
+    from ipvsproxy.netlink import sockopt
+
+    with NetlinkKernel(legacy=False) as netlink:
+        want = netlink.observe()
+    listed = sockopt.SockoptReader.services
+
+    def stale(self):
+        out = [(vs, max(0, count + i % 3 - 1)) for i, (vs, count) in enumerate(listed(self))]
+        ghost = VirtualServer(VSKey(ip_address("10.98.9.9"), 1, Proto.TCP))
+        return [*out, (ghost, 2)]
+
+    monkeypatch.setattr(sockopt.SockoptReader, "services", stale)
+    with NetlinkKernel() as legacy:
+        assert legacy.observe() == want
+        assert legacy._legacy is not None
+
+
+def test_getsockopt_refused_falls_back_to_netlink(kernel, mixed, monkeypatch):
+    import errno
+
+    from ipvsproxy.netlink import sockopt
+
+    with NetlinkKernel(legacy=False) as netlink:
+        want = netlink.observe()
+    with NetlinkKernel() as legacy:
+        monkeypatch.setattr(sockopt.SockoptReader, "_get", lambda *a: errno.EPERM)
+        assert legacy.observe() == want
+        assert legacy._legacy is None  # netlink alone from now on
+        assert legacy.observe() == want
+
+
+def test_getsockopt_reads_the_namespace_it_was_opened_in(kernel, mixed):
+    from integration.lab import inside, sh
+
+    sh("ip", "netns", "add", "sockopt1")
+    try:
+        sh("ip", "-n", "sockopt1", "link", "set", "lo", "up")
+        key = VSKey(ip_address("10.99.0.1"), 80, Proto.TCP)
+        rs = RealServer(RSKey(ip_address("10.99.1.1"), 8080), weight=3)
+        with inside("sockopt1"):
+            inner = NetlinkKernel(device="sockopt0")
+        with inner:
+            assert inner.apply([AddService(VirtualServer(key)), AddDest(key, rs)]).ok
+            state = inner.observe()
+        assert state.services == {key: VirtualServer(key)}
+        assert state.dests == {key: {rs.key: rs}}
+        assert len(kernel.observe().services) == len(
+            [op for op in mixed if isinstance(op, AddService)]
+        )
+    finally:
+        sh("ip", "netns", "del", "sockopt1")
+
+
+# ---- VIPs on the dummy device: one batch per run of address operations (rtnl.py) ----------
+
+
+def _shown(device: str = "kube-ipvs0") -> set[IPv4Address | IPv6Address]:
+    out = subprocess.run(
+        ["ip", "-o", "addr", "show", "dev", device], capture_output=True, text=True, check=True
+    ).stdout
+    return {ip_address(line.split()[3].split("/")[0]) for line in out.splitlines()}
+
+
+def _vips(n: int, v6_every: int = 10) -> list[IPv4Address | IPv6Address]:
+    return [
+        ip_address(f"fd00:96::{i:x}" if i % v6_every == 0 else f"10.96.{i // 250}.{i % 250 + 1}")
+        for i in range(n)
+    ]
+
+
+def test_a_thousand_vips_bound_and_unbound_in_one_batch_each(kernel, monkeypatch):
+    from ipvsproxy.model import BindAddress, UnbindAddress
+    from ipvsproxy.netlink.rtnl import RtnlSocket
+
+    batches: list[int] = []
+    original = RtnlSocket.send_batch
+
+    def counting(self, requests):
+        batches.append(len(requests))
+        return original(self, requests)
+
+    monkeypatch.setattr(RtnlSocket, "send_batch", counting)
+    vips = _vips(1000)
+    assert kernel.apply([BindAddress(a) for a in vips]).failures == ()
+    assert _shown() == set(vips)
+    assert kernel.observe().bound == set(vips)
+    assert kernel.apply([UnbindAddress(a) for a in vips]).failures == ()
+    assert _shown() == set()
+    assert kernel.observe().bound == frozenset()
+    assert batches == [1000, 1000]
+
+
+def test_a_refused_address_change_is_reported_alone(kernel):
+    from ipvsproxy.errors import AlreadyExists, NotFound
+    from ipvsproxy.model import BindAddress, UnbindAddress
+
+    vips = _vips(200)
+    assert kernel.apply([BindAddress(vips[50])]).failures == ()
+    ops = [BindAddress(a) for a in vips] + [UnbindAddress(ip_address("10.99.0.1"))]
+    report = kernel.apply(ops)
+    assert [(f.op, type(f.error)) for f in report.failures] == [
+        (BindAddress(vips[50]), AlreadyExists),
+        (UnbindAddress(ip_address("10.99.0.1")), NotFound),
+    ]
+    assert report.applied == len(ops) - 2
+    assert _shown() == set(vips)

@@ -15,6 +15,7 @@ import gc
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import groupby
+from socket import AF_INET
 from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
@@ -22,6 +23,7 @@ from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     AddService,
     BindAddress,
+    Dests,
     IpvsState,
     Op,
     RealServer,
@@ -32,7 +34,7 @@ from ipvsproxy.model import (
     VSKey,
     summary,
 )
-from ipvsproxy.netlink import codec, fast
+from ipvsproxy.netlink import codec, fast, sockopt
 from ipvsproxy.netlink.genl import GenlSocket
 from ipvsproxy.netlink.links import DummyDevice
 from ipvsproxy.netlink.nlsocket import os_error
@@ -41,15 +43,23 @@ from ipvsproxy.netlink.nlsocket import os_error
 class NetlinkKernel:
     """IPVS over generic netlink, VIPs on a dummy device."""
 
-    def __init__(self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None) -> None:
+    def __init__(
+        self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None, legacy: bool = True
+    ) -> None:
+        """`legacy`: read IPv4 services through getsockopt (sockopt.py) when the kernel
+        allows it; False reads everything over netlink."""
         self._genl = genl or GenlSocket()
         self._device = DummyDevice(device)
         self._decoder = fast.DestDecoder()
         self._services = fast.ServiceDecoder()
+        # opened now: the socket answers for the network namespace it is created in
+        self._legacy = _open_legacy() if legacy else None
 
     def close(self) -> None:
         self._genl.close()
         self._device.close()
+        if self._legacy is not None:
+            self._legacy.close()
 
     def __enter__(self) -> NetlinkKernel:
         return self
@@ -65,24 +75,76 @@ class NetlinkKernel:
 
     def destinations(self, key: VSKey) -> list[tuple[RealServer, int, int]]:
         """Destinations of one service with their active and inactive connection counts."""
+        if self._legacy is not None:
+            try:
+                entries = self._legacy.entries(key)
+            except sockopt.Unavailable:
+                self._drop_legacy()
+            else:
+                if entries is not None:
+                    return entries
         chunks = self._genl.dump_raw(codec.CMD_GET_DEST, fast.service_key_nest(key))
         return self._decoder.decode(chunks, codec.family_af(key))
 
     def observe(self) -> IpvsState:
-        services = self.services()
-        self._decoder.start_round()
-        dump, mapping = self._genl.dump_raw, self._decoder.mapping
         # The first observation of a large table allocates tens of thousands of small objects
         # that all live on; the cyclic collector would scan them again and again while they
         # are built (none can be garbage: they hold no cycles). Paused for the dumps only.
         with _collector_paused():
-            dests = {
-                key: mapping(
-                    dump(codec.CMD_GET_DEST, fast.service_key_nest(key)), codec.family_af(key)
-                )
-                for key in services
-            }
-        return IpvsState(services, dests, self._device.addresses())
+            tables = self._observe_legacy() if self._legacy is not None else None
+            if tables is None:
+                tables = self._observe_netlink()
+        return IpvsState(*tables, self._device.addresses())
+
+    def _observe_netlink(self) -> tuple[dict[VSKey, VirtualServer], dict[VSKey, Dests]]:
+        """One service dump, one destination dump per service."""
+        services = self.services()
+        self._decoder.start_round()
+        dump, mapping = self._genl.dump_raw, self._decoder.mapping
+        dests: dict[VSKey, Dests] = {
+            key: mapping(dump(codec.CMD_GET_DEST, fast.service_key_nest(key)), codec.family_af(key))
+            for key in services
+        }
+        return services, dests
+
+    def _observe_legacy(self) -> tuple[dict[VSKey, VirtualServer], dict[VSKey, Dests]] | None:
+        """IPv4 address/port services through getsockopt, one call per service for its
+        destinations; IPv6 and firewall-mark services over netlink. None: the legacy
+        interface is unusable here (from now on netlink alone is used)."""
+        legacy = self._legacy
+        assert legacy is not None
+        try:
+            listed = legacy.services()
+            others = [vs for vs in self.services().values() if not sockopt.lists(vs.key)]
+            legacy.start_round()
+            self._decoder.start_round()
+            services: dict[VSKey, VirtualServer] = {}
+            dests: dict[VSKey, Dests] = {}
+            mapping, dump, nest = legacy.mapping, self._genl.dump_raw, fast.service_key_nest
+            for vs, count in listed:
+                key = vs.key
+                try:
+                    found = mapping(key, count)
+                except LookupError:
+                    continue  # deleted since it was listed
+                if found is None:  # other-family destinations, or changed since listed
+                    found = self._decoder.mapping(dump(codec.CMD_GET_DEST, nest(key)), AF_INET)
+                services[key] = vs
+                dests[key] = found
+        except sockopt.Unavailable:
+            self._drop_legacy()
+            return None
+        for vs in others:
+            services[vs.key] = vs
+            dests[vs.key] = self._decoder.mapping(
+                dump(codec.CMD_GET_DEST, nest(vs.key)), codec.family_af(vs.key)
+            )
+        return services, dests
+
+    def _drop_legacy(self) -> None:
+        if self._legacy is not None:
+            self._legacy.close()
+            self._legacy = None
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         """(active, inactive) connections per destination of a service."""
@@ -140,6 +202,13 @@ def to_error(op: Op, code: int) -> KernelError:
     if code in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT, errno.EOPNOTSUPP):
         return Unsupported(text)
     return KernelError(text)
+
+
+def _open_legacy() -> sockopt.SockoptReader | None:
+    try:
+        return sockopt.SockoptReader()
+    except sockopt.Unavailable:
+        return None
 
 
 if TYPE_CHECKING:
