@@ -106,7 +106,7 @@ class SetIndex:
         return SetState(
             {
                 name: (kind, v, frozenset(self._members.get(name, ())))
-                for name, (kind, v) in self._kinds.items()
+                for name, kind, v in all_sets()  # every version's, as wanted() (not stale)
             }
         )
 

@@ -486,3 +486,14 @@ def test_a_companion_with_a_reader_observes_without_any_process():
     companion = Companion(commands=commands, reader=Reader())  # type: ignore[arg-type]
     assert companion.observe_sets().sets["IPVSPROXY-VIPS"][2] == {"10.96.0.1"}
     assert commands.ran == []
+
+
+def test_an_ipv4_only_index_leaves_the_ipv6_sets_alone_in_a_full_pass():
+    from ipvsproxy.companion.step import after_sync
+
+    host = FakeHost()
+    host.sets["IPVSPROXY-VIPS-6"] = ("hash:ip", 6, 65536, {"fd00:96::1"})
+    companion = Companion(commands=host, versions=(4, 6))  # type: ignore[arg-type]
+    result, desired = synced(3, local=frozenset())
+    after_sync(companion, result, desired, Options(), index=SetIndex(versions=(4,)))
+    assert "IPVSPROXY-VIPS-6" in host.sets  # not destroyed as a stale set
