@@ -15,6 +15,9 @@ REPEAT runs; compare them only as ratios within one run (the VM emulates every i
   observe via getsockopt          NetlinkKernel().observe(): IPv4 services via IP_VS_SO_GET_*
   ipvsproxy no-op sync            observe + plan with nothing to do
   ipvsproxy sync, k changes       observe + plan + apply when k destinations change weight
+  VIPs, pyroute2 per address      IPRoute.addr("add"/"del") per address, then get_addr(index=)
+  VIPs, ipvsproxy batched         NetlinkKernel.apply of n binds, of n unbinds; the device's
+                                  addresses (DummyDevice.addresses)
 """
 
 from __future__ import annotations
@@ -29,15 +32,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import fresh_netns, median, table, timed  # noqa: E402
+from bench.common import cluster_ip, fresh_netns, median, table, timed  # noqa: E402
 from integration.lab import inside  # noqa: E402
 from ipvsproxy.ipvsadm import parse_save, render_save  # noqa: E402
 from ipvsproxy.model import (  # noqa: E402
     EMPTY,
+    BindAddress,
     IpvsState,
     RealServer,
+    UnbindAddress,
 )
 from ipvsproxy.netlink import NetlinkKernel  # noqa: E402
+from ipvsproxy.netlink.links import DummyDevice  # noqa: E402
 from ipvsproxy.schedulers import Scheduler  # noqa: E402
 from ipvsproxy.sync.ownership import Ownership  # noqa: E402
 from ipvsproxy.sync.plan import plan  # noqa: E402
@@ -191,6 +197,65 @@ def loaded_measures(state: IpvsState, changes: int, repeat: int) -> dict[str, fl
     return out
 
 
+def bound(ns: str, device: str) -> set[str]:
+    out = subprocess.run(
+        ["ip", "-n", ns, "-o", "addr", "show", "dev", device],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {line.split()[3].split("/")[0] for line in out.splitlines()}
+
+
+def address_measures(n: int) -> dict[str, float]:
+    """n VIPs bound, listed and unbound on the dummy device: pyroute2, a request and its ack
+    per address (what links.py did before rtnl.py), against NetlinkKernel's one batch."""
+    from contextlib import closing
+    from ipaddress import ip_address
+
+    from pyroute2 import IPRoute
+
+    vips = [ip_address(cluster_ip(i)) for i in range(n)]
+    want = {str(a) for a in vips}
+    out: dict[str, float] = {}
+    with fresh_netns() as ns:
+        with inside(ns):
+            kernel, device, ipr = NetlinkKernel(device="bench0"), DummyDevice("bench0"), IPRoute()
+        with kernel, closing(device), ipr:
+            assert kernel.apply([BindAddress(vips[0]), UnbindAddress(vips[0])]).ok  # the device
+            index = ipr.link_lookup(ifname="bench0")[0]
+
+            def pyroute2(command: str) -> None:
+                for a in vips:
+                    ipr.addr(command, index=index, address=str(a), prefixlen=32)
+
+            out["pyroute2 bind"] = timed(lambda: pyroute2("add"))
+            assert bound(ns, "bench0") == want
+            listed: list[frozenset[str]] = []
+            out["pyroute2 list"] = timed(
+                lambda: listed.append(
+                    frozenset(m.get("IFA_ADDRESS") for m in ipr.get_addr(index=index))
+                )
+            )
+            out["pyroute2 unbind"] = timed(lambda: pyroute2("del"))
+            assert bound(ns, "bench0") == set()
+            reports = []
+            out["batched bind"] = timed(
+                lambda: reports.append(kernel.apply([BindAddress(a) for a in vips]))
+            )
+            assert bound(ns, "bench0") == want
+            out["batched list"] = timed(
+                lambda: listed.append(frozenset(map(str, device.addresses())))
+            )
+            out["batched unbind"] = timed(
+                lambda: reports.append(kernel.apply([UnbindAddress(a) for a in vips]))
+            )
+            assert all(report.ok for report in reports)
+            assert bound(ns, "bench0") == set()
+            assert listed == [want, want]
+    return out
+
+
 def reweighted(state: IpvsState, k: int) -> IpvsState:
     dests = {key: dict(d) for key, d in state.dests.items()}
     for key in list(dests)[:k]:
@@ -206,7 +271,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--changes", type=int, default=10)
     parser.add_argument("--pyroute2-services", type=int, default=100)
+    parser.add_argument("--vips", type=int, default=1000, help="0: no VIP rows")
+    parser.add_argument(
+        "--only-vips", action="store_true", help="measure only binding and unbinding VIPs"
+    )
     args = parser.parse_args()
+    vips = address_measures(args.vips) if args.vips else {}
+    vip_rows = [
+        (what, approach, f"{args.vips}", vips[f"{key} {step}"], vips[f"pyroute2 {step}"])
+        for step, what in (("bind", "bind VIPs"), ("unbind", "unbind VIPs"), ("list", "list VIPs"))
+        for key, approach in (
+            ("pyroute2", "pyroute2, a request per address"),
+            ("batched", "ipvsproxy, one batch / one dump"),
+        )
+        if vips
+    ]
+    if args.only_vips:
+        print_rows(f"ipvsproxy VIP benchmark, kernel {os.uname().release}", vip_rows)
+        return
     big = table(args.services, args.dests)
     small = table(args.pyroute2_services, args.dests, Scheduler.WLC)
     size = f"{args.services}x{args.dests}"
@@ -239,17 +321,23 @@ def main() -> None:
             loaded["k-change apply only"],
             floor,
         ),
+        *vip_rows,
     ]
-    print(
-        f"\nipvsproxy IPVS benchmark, kernel {os.uname().release}, "
-        f"median of {args.repeat} (pyroute2: 1 run)"
+    print_rows(
+        f"ipvsproxy IPVS benchmark, kernel {os.uname().release}, "
+        f"median of {args.repeat} (pyroute2 and VIPs: 1 run; VIPs: ratio to pyroute2)",
+        rows,
     )
-    print(f"{'what':<11} {'approach':<34} {'size':>8} {'seconds':>9}  ratio to floor")
-    for what, approach, sz, seconds, base in rows:
-        print(f"{what:<11} {approach:<34} {sz:>8} {seconds:>9.3f}  {seconds / base:>6.2f}")
     print(
         f"\n{args.changes} changed weights planned as {int(loaded['k-change ops'])} kernel requests"
     )
+
+
+def print_rows(title: str, rows: list[tuple[str, str, str, float, float]]) -> None:
+    print(f"\n{title}")
+    print(f"{'what':<11} {'approach':<34} {'size':>8} {'seconds':>9}  ratio to floor")
+    for what, approach, sz, seconds, base in rows:
+        print(f"{what:<11} {approach:<34} {sz:>8} {seconds:>9.3f}  {seconds / base:>6.2f}")
 
 
 if __name__ == "__main__":
