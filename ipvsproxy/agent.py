@@ -12,6 +12,7 @@ Imports: everything below it; never click.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -163,6 +164,9 @@ def _diff_result(
 
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
+    # A short process that builds a large, acyclic heap: the cyclic collector would only
+    # walk it again and again while it is built; reference counting frees what is dropped.
+    gc.disable()
     changes = changes_from(Manifests(tuple(manifest_paths)), config)
     with open_backend(config) as backend:  # first: no backend, nothing on the node is touched
         prepare(backend, config)
