@@ -13,6 +13,7 @@ Imports: iptables.rules, iptables.parse.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from ipvsproxy.iptables.parse import Saved
@@ -63,7 +64,8 @@ def transaction(
         fixes += [f"-D {chain} {spec}"] * max(0, count - 1)
     if not (changed or stale or fixes):
         return ""
-    lines = [f"*{table}"]
+    lines = _creation([c for c in changed if c not in saved.chains], table=table)
+    lines += [f"*{table}"]
     lines += [f":{chain} - [0:0]" for chain in sorted(stale, reverse=True)]
     lines += _load_order(changed)
     lines += fixes
@@ -80,6 +82,27 @@ def patch(changes: Mapping[str, tuple[str, ...] | None], *, table: str = "nat") 
     saved = Saved({chain: () for chain, rules in changes.items() if rules is None}, JUMPS)
     target = Ruleset({chain: rules for chain, rules in changes.items() if rules is not None})
     return transaction(saved, target, table=table)
+
+
+CREATE_BATCH = 500  # chains created per transaction ahead of a large load
+
+
+def _creation(new: list[str], *, table: str) -> list[str]:
+    """Many new chains are first created empty, in an order unrelated to their names, in
+    transactions of CREATE_BATCH: iptables-nft 1.8.9 reads back chains created in name
+    order (as `_load_order()` would create them) 20x slower (`iptables-save`: 1.0 s instead
+    of 0.05 s of CPU for 11,000 chains, measured), and each transaction's sorted list of
+    names stays short. Not atomic, and harmless: empty chains nothing jumps to yet; if the
+    load that follows fails, the next observe() reports them and the apply after deletes
+    them. A small change (fewer than CREATE_BATCH // 2 new chains) skips this."""
+    if len(new) < CREATE_BATCH // 2:
+        return []
+    order = sorted(new, key=lambda chain: hashlib.blake2b(chain.encode(), digest_size=8).digest())
+    lines: list[str] = []
+    for start in range(0, len(order), CREATE_BATCH):
+        batch = order[start : start + CREATE_BATCH]
+        lines += [f"*{table}", *(f":{chain} - [0:0]" for chain in batch), "COMMIT"]
+    return lines
 
 
 def _load_order(changed: dict[str, tuple[str, ...]]) -> list[str]:

@@ -49,7 +49,9 @@ class ScriptedCommands(Commands):
         lines = payload.splitlines()
         assert lines[0] == "*nat", payload
         assert lines[-1] == "COMMIT", payload
-        for line in lines[1:-1]:
+        for line in lines:
+            if line in ("*nat", "COMMIT"):  # several transactions: see transaction._creation
+                continue
             verb, _, rest = line.partition(" ")
             chain, _, spec = rest.partition(" ")
             if line.startswith(":"):

@@ -185,3 +185,25 @@ def test_sanitised_names_cannot_leave_a_comment(name):
     assert safe
     assert len(safe) <= 160
     assert not set(safe) & set("\"\\\n\r\t $`;'")
+
+
+def test_a_large_load_creates_its_chains_first_out_of_name_order_in_small_transactions():
+    state = state_of(
+        {
+            VirtualServer(VSKey(ip_address(f"10.96.{n // 250}.{n % 250}"), 80, Proto.TCP)): RS
+            for n in range(100)
+        }
+    )
+    target = render(state, {}, version=4)
+    sections = transaction(Saved(), target).split("COMMIT\n")
+    *creation, main, rest = sections
+    assert rest == ""
+    created = [line[1:].split()[0] for s in creation for line in s.splitlines()[1:]]
+    assert len(creation) == -(-len(target.chains) // 500)
+    assert sorted(created) == sorted(target.chains)
+    assert created != sorted(created)
+    assert created != sorted(created, reverse=True)
+    assert all(line.startswith(("*nat", ":")) for s in creation for line in s.splitlines())
+    assert {line[1:].split()[0] for line in main.splitlines() if line[:1] == ":"} == set(created)
+    small = render(state_of({VirtualServer(KEY): RS}), {}, version=4)
+    assert transaction(Saved(), small).count("COMMIT") == 1
