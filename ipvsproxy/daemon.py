@@ -70,7 +70,7 @@ class SyncPass:
         )
         self._warned: frozenset[str] = frozenset()
         self._failures_in_row = 0
-        self._waiting_logged = False
+        self._waiting_logged: bool | None = False  # None: the first sync has started
         self._last_full = -math.inf
         self._frozen = False
         self.runner: Runner | None = None  # set by the agent; asked for retries
@@ -80,11 +80,21 @@ class SyncPass:
         """Make the next pass a full one (observe everything, repair drift)."""
         self._last_full = -math.inf
 
-    def __call__(self) -> None:
+    def _ready(self) -> bool:
+        """Whether every required kind has listed (said once each way in the log)."""
         if not self._tracker.synced():
             if not self._waiting_logged:
                 log.info("waiting for Services and EndpointSlices to be listed before any sync")
                 self._waiting_logged = True
+            return False
+        if self._waiting_logged is not None:
+            counts = ", ".join(f"{n} {kind}s" for kind, n in sorted(self._tracker.counts().items()))
+            log.info("listed %s: first sync", counts)
+            self._waiting_logged = None
+        return True
+
+    def __call__(self) -> None:
+        if not self._ready():
             return
         started = self._clock()
         full = started - self._last_full >= self._config.sync_period * FULL_DUE
@@ -125,7 +135,8 @@ class SyncPass:
             log.error("operation failed: %s", failure.error)
         log.info(
             "sync: %d operations (%d failed), %d virtual servers, %d real servers, "
-            "%d draining, %d companion changes, %.3fs (%s, %d Services changed)",
+            "%d draining, %d companion changes, %.3fs (%s, %d Services changed, "
+            "companion %.3fs)",
             len(result.sync.plan),
             len(report.failures),
             result.virtual_servers,
@@ -135,6 +146,7 @@ class SyncPass:
             seconds,
             "full" if result.full else "partial",
             len(changes.services),
+            result.companion_seconds,
         )
         self.last = result
         self._retry(failed=not result.ok, draining=result.sync.draining > 0)

@@ -24,6 +24,7 @@ Imports: companion, sync.*, kernel, model, config, api, errors.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -128,6 +129,7 @@ class PassResult:
     forgotten: int = 0  # conntrack deletions asked for
     virtual_servers: int = 0  # desired, in the whole table
     real_servers: int = 0
+    companion_seconds: float = 0.0  # of the pass's time, what the companion step took
 
     @property
     def stale(self) -> bool:
@@ -264,6 +266,7 @@ class Pipeline:
         self._keys, self._addresses = _retry_set(result.report)
         changes, error = 0, planned.companion_error
         forgotten = 0
+        started = time.monotonic()
         if self.companion is not None:
             changes, error = self._apply_companion(planned)
             forgotten = forget_udp(self.companion.commands, _udp_gone(ipvs.plan, failed))
@@ -275,6 +278,7 @@ class Pipeline:
             forgotten,
             len(self.index),
             self.index.dest_count,
+            time.monotonic() - started,
         )
 
     def _apply_companion(self, planned: PassPlan) -> tuple[int, str]:
