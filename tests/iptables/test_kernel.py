@@ -3,6 +3,7 @@ chains that change; a full observation still finds and repairs damage."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from ipaddress import ip_address, ip_network
 
@@ -158,3 +159,22 @@ def test_ops_fail_like_the_kernel_and_change_nothing():
     assert commands.calls == []  # UpdateDest to the same settings: nothing differs
     assert kernel.observe() == STATE
     assert IpvsState() != STATE
+
+
+def test_chains_of_the_previous_layout_are_replaced_by_one_sync():
+    """Before the grouped names, a destination's chain was IPVSPX-SEP-<h8><e8>."""
+    _, commands = loaded()
+
+    def old(text: str) -> str:
+        return re.sub(r"IPVSPX-SVC-(\w{8})-(\w{8})", r"IPVSPX-SEP-\1\2", text)
+
+    tables = commands.tables
+    tables[4] = {old(c): [old(r) for r in rules] for c, rules in tables[4].items()}
+    assert any(c.startswith("IPVSPX-SEP-") for c in commands.tables[4])
+    kernel = IptablesKernel(commands=commands)
+    observed = kernel.observe()
+    assert kernel.damage()
+    assert kernel.apply(plan(STATE, observed, ownership=EVERYTHING)).ok
+    have = {c: tuple(f"-A {c} {r}" for r in rules)
+            for c, rules in commands.tables[4].items() if c.startswith("IPVSPX-")}  # fmt: skip
+    assert have == render(STATE, {}, version=4).chains
