@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.companion.nlread import SetReader
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable
 from ipvsproxy.iptables import IptablesKernel
@@ -150,7 +151,12 @@ def companion_for(backend: Backend) -> Companion | None:
     then IPVS serves only clients on this node, and that is logged as an error)."""
     if backend.name != IPVS:
         return None
-    companion = Companion()
+    try:  # the sets read over netlink: `ipset save` is slow where /etc is (see nlread.py)
+        reader: SetReader | None = SetReader()
+    except KernelError as exc:
+        log.info("ipsets read with the ipset tool, not over netlink: %s", exc)
+        reader = None
+    companion = Companion(reader=reader)
     try:
         companion.check()
     except KernelError as exc:
