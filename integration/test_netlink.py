@@ -389,3 +389,46 @@ def test_a_refused_address_change_is_reported_alone(kernel):
     ]
     assert report.applied == len(ops) - 2
     assert _shown() == set(vips)
+
+
+# ---- the dummy device over rtnl.py (no pyroute2) ------------------------------------------
+
+
+def test_the_device_is_created_in_the_namespace_the_kernel_was_opened_in(kernel):
+    """The link lookup is an RTM_GETLINK on the rtnetlink socket, not if_nametoindex (the
+    caller's namespace): a kernel opened in a namespace keeps its device there."""
+    from integration.lab import inside, sh
+    from ipvsproxy.model import BindAddress, UnbindAddress
+
+    vip = ip_address("10.98.0.1")
+    sh("ip", "netns", "add", "links1")
+    try:
+        with inside("links1"):
+            inner = NetlinkKernel(device="links0")
+        with inner:
+            assert inner.apply([BindAddress(vip)]).failures == ()
+            assert inner.observe().bound == {vip}
+            assert inner.has_device()
+            shown = subprocess.run(
+                ["ip", "-n", "links1", "-o", "addr", "show", "dev", "links0"],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert "10.98.0.1/32" in shown
+            missing = subprocess.run(["ip", "link", "show", "links0"], capture_output=True)
+            assert missing.returncode != 0  # not in the namespace we call from
+            assert inner.apply([UnbindAddress(vip)]).failures == ()
+            inner.remove_device()
+            assert not inner.has_device()
+    finally:
+        sh("ip", "netns", "del", "links1")
+
+
+def test_host_addresses_are_what_ip_addr_shows(kernel):
+    from ipvsproxy.model import BindAddress
+    from ipvsproxy.netlink.links import host_addresses
+
+    assert kernel.apply([BindAddress(ip_address("10.98.0.2"))]).failures == ()
+    out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True)
+    shown = [ip_address(line.split()[3].split("/")[0]) for line in out.stdout.splitlines()]
+    assert sorted(map(str, host_addresses())) == sorted(map(str, shown))  # v4 and v6 mixed
+    assert ip_address("10.98.0.2") in host_addresses()

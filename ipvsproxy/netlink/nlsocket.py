@@ -1,5 +1,5 @@
-"""One netlink socket with batched requests and raw dumps: what genl.py (IPVS) and rtnl.py
-(addresses) share.
+"""One netlink socket with batched requests, single requests and raw dumps: what genl.py
+(IPVS) and rtnl.py (addresses, the dummy link) share.
 
 Why batched: a sync can write thousands of requests, and one request + ack at a time costs a
 round trip each. Here many requests go out in one `send()` (up to BATCH_BYTES), the ack
@@ -124,6 +124,26 @@ class NetlinkSocket:
                         results[start + offset] = codec.error_code(payload)
             start = index
         return results
+
+    def ask(self, request: Request) -> tuple[int, list[tuple[int, bytes]]]:
+        """One request that asks for its ack (as pyroute2 sends every request): its errno
+        (0 = done) and the (type, payload) of each message answering it before the ack,
+        e.g. the link an RTM_GETLINK asks for. Read up to the ack, so that no late reply is
+        left on the socket for the next batch or dump."""
+        kind, flags, head, attrs = request
+        seq = self._next_seq()
+        header = _HEADER.pack(16 + len(head) + len(attrs), kind, flags | codec.NLM_F_ACK, seq, 0)
+        self._sock.send(header + head + attrs)
+        answers: list[tuple[int, bytes]] = []
+        while True:
+            size = self._sock.recv_into(self._recv)
+            for got, _, got_seq, payload in codec.messages(bytes(self._recv[:size])):
+                if got_seq != seq:
+                    continue  # not ours (nothing else is in flight on this socket)
+                if got == codec.NLMSG_ERROR:
+                    code = codec.error_code(payload)
+                    return code, answers if not code else []
+                answers.append((got, bytes(payload)))
 
     def dump(self, kind: int, body: bytes) -> list[bytes]:
         """The received datagrams of a dump request (`body`: what follows the nlmsghdr),

@@ -1,4 +1,4 @@
-"""Address changes over rtnetlink: golden bytes against pyroute2's own encoding of the same
+"""Address and link changes over rtnetlink: golden bytes against pyroute2's own encoding of the same
 requests (no socket, no root), dump parsing, and failures mapped back to their operation
 inside one batch (a scripted kernel)."""
 
@@ -8,6 +8,7 @@ import errno
 import socket
 import struct
 import types
+from collections.abc import Callable
 from ipaddress import ip_address
 from typing import Any
 
@@ -15,14 +16,15 @@ import pytest
 from pyroute2.iproute.linux import get_arguments_processor, get_dump_filter
 from pyroute2.netlink.nlsocket import NetlinkRequest
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-from ipvsproxy.errors import AlreadyExists, KernelError, NotFound
+from ipvsproxy.errors import AlreadyExists, KernelError, KernelUnavailable, NotFound, Unsupported
 from ipvsproxy.model import BindAddress, IPAddress, UnbindAddress
 from ipvsproxy.netlink import codec, rtnl
 from ipvsproxy.netlink.kernel import NetlinkKernel
 from ipvsproxy.netlink.links import DummyDevice
 from ipvsproxy.netlink.rtnl import RtnlSocket
-from tests.netlink.scripted import ScriptedKernel
+from tests.netlink.scripted import ScriptedKernel, error
 
 
 def pyroute2_addr(command: str, seq: int, **kwarg: Any) -> bytes:
@@ -71,6 +73,76 @@ def test_a_batch_acks_only_its_last_request():
     assert ours == [theirs_one[16:] for theirs_one in theirs]  # bodies equal after nlmsghdr
 
 
+def pyroute2_link(command: str, seq: int, **kwarg: Any) -> bytes:
+    """What pyroute2's IPRoute.link(command, **kwarg) sends (link_lookup(ifname=) is
+    link("get", ifname=)), built by its own request path."""
+    sock = types.SimpleNamespace(addr_pool=None, status={"nlm_echo": False}, epid=0, marshal=None)
+    command_map = {
+        "get": (rtnl.RTM_GETLINK, "get"),
+        "add": (rtnl.RTM_NEWLINK, "create"),
+        "del": (rtnl.RTM_DELLINK, "req"),
+    }
+    _, kwarg = get_dump_filter("link", command, kwarg)
+    arguments = get_arguments_processor("link", command, kwarg)
+    request = NetlinkRequest(sock, ifinfmsg(), command, command_map, None, arguments, msg_seq=seq)
+    request.msg["header"]["pid"] = 0
+    request.msg.encode()
+    return bytes(request.msg.data)
+
+
+@pytest.mark.parametrize("name", ["kube-ipvs0", "d", "sockopt0", "a-15-chars-name"])
+def test_link_requests_are_pyroute2s_byte_for_byte(name):
+    kernel = LinkKernel(None)
+    sock = rtnl_socket(kernel, seq=41)
+    assert sock.link_index(name) is None
+    sock.create_link(name, "dummy")
+    assert sock.link_index(name) == 11
+    assert kernel._queue == []  # read up to its ack: nothing left for the next request
+    sock.delete_link(11)
+    assert kernel.link_requests == [
+        pyroute2_link("get", 42, ifname=name),
+        pyroute2_link("add", 43, ifname=name, kind="dummy"),
+        pyroute2_link("get", 44, ifname=name),
+        pyroute2_link("del", 45, index=11),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [(errno.EEXIST, AlreadyExists), (errno.EPERM, KernelUnavailable),
+     (errno.EOPNOTSUPP, Unsupported), (errno.ENODEV, NotFound), (errno.EINVAL, KernelError)],
+)  # fmt: skip
+def test_a_refused_create_is_mapped_like_an_address_error(code, kind):
+    dev = device(LinkKernel(None, refuse_create=code))
+    with pytest.raises(kind, match=f"create dummy device kube-ipvs0: {errno.errorcode[code]}"):
+        dev.index(create=True)
+
+
+def test_a_missing_device_is_looked_up_again_created_once_and_deleted():
+    links = LinkKernel(None)
+    dev = device(links)
+    assert dev.index(create=False) is None
+    assert dev.delete() is False
+    assert dev.index(create=True) == 11
+    assert dev.index(create=True) == 11  # cached: no more requests
+    assert links.created == 1
+    assert len(links.link_requests) == 5  # get, get, get (missing), add, get
+    assert dev.delete() is True
+    assert links.index is None
+    assert dev.addresses() == frozenset()  # looked up again: gone, no dump
+    assert dev.index(create=True) == 12
+
+
+def test_a_device_deleted_before_our_delete_is_not_found():
+    links = LinkKernel(7)
+    dev = device(links)
+    assert dev.index(create=False) == 7
+    links.index = None  # deleted behind our back
+    with pytest.raises(NotFound, match="delete kube-ipvs0: ENODEV"):
+        dev.delete()
+    assert dev.delete() is False  # looked up again
+
+
 def dumped(index: int, family: int, address: str, **attrs: str) -> bytes:
     msg = ifaddrmsg()
     msg["family"], msg["prefixlen"], msg["index"] = family, 32 if family == 2 else 128, index
@@ -90,32 +162,76 @@ def test_a_dump_keeps_the_device_s_addresses_only():
     assert rtnl.parse_addresses(chunk, 7) == [ip_address("10.96.0.1"), ip_address("fd00:96::1")]
 
 
-class FakeLinks:
-    """pyroute2's IPRoute as DummyDevice uses it: one link, `index` (None: missing)."""
-
-    def __init__(self, index: int | None) -> None:
-        self.index, self.created = index, 0
-
-    def link_lookup(self, *, ifname: str) -> list[int]:
-        return [] if self.index is None else [self.index]
-
-    def link(self, command: str, **kwarg: object) -> None:
-        assert command == "add"
-        self.created += 1
-        self.index = 10 + self.created
+def test_a_dump_of_every_link_keeps_every_address():
+    chunk = (
+        dumped(7, socket.AF_INET, "10.96.0.1")
+        + dumped(1, socket.AF_INET, "127.0.0.1")
+        + dumped(2, socket.AF_INET6, "fd00::2")
+        + struct.pack("=IHHIIi", 20, codec.NLMSG_DONE, 2, 0, 0, 0)
+    )
+    assert rtnl.parse_addresses(chunk, 0) == [
+        ip_address("10.96.0.1"), ip_address("127.0.0.1"), ip_address("fd00::2")
+    ]  # fmt: skip
 
 
-def device(kernel: ScriptedKernel, links: FakeLinks) -> DummyDevice:
+class LinkKernel(ScriptedKernel):
+    """A scripted kernel with one link, `index` (None: missing): RTM_GETLINK by name,
+    RTM_NEWLINK and RTM_DELLINK answered as the kernel does (`refuse_create`: the errno of
+    every create); address requests as ScriptedKernel."""
+
+    def __init__(
+        self,
+        index: int | None,
+        answer: Callable[[int, int, memoryview], int] = lambda *_: 0,
+        refuse_create: int = 0,
+    ) -> None:
+        super().__init__(answer)
+        self.index, self.created, self.refuse_create = index, 0, refuse_create
+        self.link_requests: list[bytes] = []
+
+    def send(self, data: bytes) -> int:
+        kind, flags, seq, payload = next(codec.messages(data))
+        if kind not in (rtnl.RTM_GETLINK, rtnl.RTM_NEWLINK, rtnl.RTM_DELLINK):
+            return super().send(data)
+        assert len(list(codec.messages(data))) == 1  # a link request goes alone
+        self.link_requests.append(data)
+        assert flags & codec.NLM_F_ACK
+        code = self._link(kind, payload)
+        if kind == rtnl.RTM_GETLINK and not code:  # the link, then the ack: two datagrams
+            self._queue.append(
+                struct.pack("=IHHII", 32, rtnl.RTM_NEWLINK, 0, seq, 0)
+                + struct.pack("=BxHiII", 0, 1, self.index, 0, 0)
+            )
+        self._queue.append(error(seq, code))
+        return len(data)
+
+    def _link(self, kind: int, payload: memoryview) -> int:
+        if kind == rtnl.RTM_NEWLINK:
+            if self.refuse_create:
+                return self.refuse_create
+            if self.index is not None:
+                return errno.EEXIST
+            self.created += 1
+            self.index = 10 + self.created
+            return 0
+        if self.index is None:
+            return errno.ENODEV
+        if kind == rtnl.RTM_DELLINK:
+            assert struct.unpack_from("=i", payload, 4)[0] == self.index
+            self.index = None
+        return 0
+
+
+def device(kernel: LinkKernel) -> DummyDevice:
     dev = DummyDevice.__new__(DummyDevice)
     dev.name, dev._index = "kube-ipvs0", None
-    dev._ipr, dev._rtnl = links, rtnl_socket(kernel)
+    dev._rtnl = rtnl_socket(kernel)
     return dev
 
 
 def scripted_kernel(refuse: dict[int, int]) -> NetlinkKernel:
     kernel = NetlinkKernel.__new__(NetlinkKernel)
-    kernel._device = device(ScriptedKernel(lambda position, *_: refuse.get(position, 0)),
-                            FakeLinks(7))  # fmt: skip
+    kernel._device = device(LinkKernel(7, lambda position, *_: refuse.get(position, 0)))
     return kernel
 
 
@@ -145,8 +261,8 @@ def test_a_device_deleted_since_the_lookup_is_created_again_once_for_binds():
         index = struct.unpack_from("=I", payload, 4)[0]
         return errno.ENODEV if index == 7 else 0  # the first index no longer exists
 
-    links = FakeLinks(None)  # deleted behind our back ...
-    dev = device(ScriptedKernel(answer), links)
+    links = LinkKernel(None, answer)  # deleted behind our back ...
+    dev = device(links)
     dev._index = 7  # ... after we looked it up
     a, b, c = (ip_address(f"10.96.0.{n}") for n in (1, 2, 3))
     errors = dev.change([(a, True), (b, False), (c, True)])
@@ -158,26 +274,20 @@ def test_a_device_deleted_since_the_lookup_is_created_again_once_for_binds():
 
 
 def test_unbinds_without_a_device_fail_without_a_request_and_binds_create_it():
-    kernel = ScriptedKernel(lambda *_: 0)
-    links = FakeLinks(None)
-    dev = device(kernel, links)
+    links = LinkKernel(None)
+    dev = device(links)
     a = ip_address("10.96.0.1")
-    (error,) = dev.change([(a, False)])
-    assert isinstance(error, NotFound)
-    assert kernel.sends == []
+    (failed,) = dev.change([(a, False)])
+    assert isinstance(failed, NotFound)
+    assert links.sends == []
     assert links.created == 0
     assert dev.change([(a, True), (a, False)]) == [None, None]
     assert links.created == 1
 
 
 def test_a_device_that_cannot_be_created_fails_every_change():
-    class Refusing(FakeLinks):
-        def link(self, command: str, **kwarg: object) -> None:
-            from pyroute2.netlink.exceptions import NetlinkError
-
-            raise NetlinkError(errno.EPERM)
-
-    dev = device(ScriptedKernel(lambda *_: 0), Refusing(None))
+    dev = device(LinkKernel(None, refuse_create=errno.EPERM))
     errors = dev.change([(ip_address("10.96.0.1"), True), (ip_address("10.96.0.2"), True)])
     assert len(errors) == 2
-    assert all(isinstance(e, KernelError) and "create dummy device" in str(e) for e in errors)
+    assert all(isinstance(e, KernelUnavailable) and "create dummy device" in str(e) for e in errors)
+    assert "EPERM" in str(errors[0])
