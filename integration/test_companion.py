@@ -25,6 +25,7 @@ from integration.lab import PORT, Lab, connect, inside, request, sh
 from ipvsproxy.companion.index import SetIndex
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.nlread import SetReader
+from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.companion.sets import wanted
 from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
@@ -56,8 +57,9 @@ class Node:
         with inside(self.ns):
             self.kernel = NetlinkKernel()
             reader = SetReader()  # reads this namespace's sets
+            writer = SetWriter()  # ...and writes them
         commands = Commands(prefix=("ip", "netns", "exec", self.ns))
-        self.companion = Companion(commands=commands, reader=reader)
+        self.companion = Companion(commands=commands, reader=reader, writer=writer)
         self.companion.check()
         self.companion_s = 0.0  # the last companion step's duration
         self.config = Config(
@@ -82,6 +84,8 @@ class Node:
         self.kernel.close()
         if self.companion.reader is not None:
             self.companion.reader.close()
+        if self.companion.writer is not None:
+            self.companion.writer.close()
         self.lab.close()
 
 

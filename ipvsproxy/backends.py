@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.nlread import SetReader
+from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable
 from ipvsproxy.iptables import IptablesKernel
@@ -156,7 +157,12 @@ def companion_for(backend: Backend) -> Companion | None:
     except KernelError as exc:
         log.info("ipsets read with the ipset tool, not over netlink: %s", exc)
         reader = None
-    companion = Companion(reader=reader)
+    try:  # ...and written over netlink: `ipset restore` is slow there too (see nlwrite.py)
+        writer: SetWriter | None = SetWriter()
+    except KernelError as exc:
+        log.info("ipsets written with the ipset tool, not over netlink: %s", exc)
+        writer = None
+    companion = Companion(reader=reader, writer=writer)
     try:
         companion.check()
     except KernelError as exc:

@@ -64,29 +64,75 @@ class SetChange:
         return not self.create and (self.rebuild or len(self.add) + len(self.delete) > BULK)
 
 
-def ipset_script(changes: Iterable[SetChange]) -> str:
-    """`ipset restore -exist` input: creates, small changes in place, big ones swapped in."""
-    lines: list[str] = []
+@dataclass(frozen=True, slots=True)
+class SetCommand:
+    """One line of an `ipset restore -exist` script; what the netlink writer sends too.
+    `entries` (add, del) are spelt as `ipset save` prints them; `other`: swap's second set."""
+
+    verb: str  # create | add | del | swap | flush | destroy
+    name: str
+    kind: str = ""
+    version: int = 4
+    hashsize: int = 0
+    maxelem: int = 0
+    entries: tuple[str, ...] = ()
+    other: str = ""
+
+    def lines(self) -> list[str]:
+        if self.verb in ("add", "del"):
+            return [f"{self.verb} {self.name} {_numeric(entry)}" for entry in self.entries]
+        if self.verb == "create":
+            family = "inet" if self.version == 4 else "inet6"
+            return [
+                f"create {self.name} {self.kind} family {family} hashsize {self.hashsize} "
+                f"maxelem {self.maxelem}"
+            ]
+        if self.verb == "swap":
+            return [f"swap {self.name} {self.other}"]
+        return [f"{self.verb} {self.name}"]
+
+
+def set_commands(changes: Iterable[SetChange]) -> list[SetCommand]:
+    """Creates, small changes in place, big ones filled into a temporary set swapped in."""
+    out: list[SetCommand] = []
     for change in changes:
-        family = "inet" if change.version == 4 else "inet6"
         size = len(change.wanted) if change.create or change.swap else 0
-        header = (
-            f"{change.kind} family {family} hashsize {hashsize_for(size)} "
-            f"maxelem {maxelem_for(size)}"
-        )
+        shape = (change.kind, change.version, hashsize_for(size), maxelem_for(size))
         if change.create:
-            lines.append(f"create {change.name} {header}")
+            out.append(SetCommand("create", change.name, *shape))
         if change.swap:
             temporary = change.name + TEMPORARY
             # a leftover temporary set (a crash between create and swap) may have other
             # sizes, which `create -exist` refuses: destroy it first
-            lines += [f"destroy {temporary}", f"create {temporary} {header}"]
-            lines += [f"add {temporary} {_numeric(entry)}" for entry in change.wanted]
-            lines += [f"swap {temporary} {change.name}", f"destroy {temporary}"]
+            out.append(SetCommand("destroy", temporary))
+            out.append(SetCommand("create", temporary, *shape))
+            out.append(_entries("add", temporary, change, tuple(change.wanted)))
+            out.append(SetCommand("swap", temporary, other=change.name))
+            out.append(SetCommand("destroy", temporary))
             continue
-        lines += [f"add {change.name} {_numeric(entry)}" for entry in change.add]
-        lines += [f"del {change.name} {_numeric(entry)}" for entry in change.delete]
-    return "".join(line + "\n" for line in lines)
+        if change.add:
+            out.append(_entries("add", change.name, change, change.add))
+        if change.delete:
+            out.append(_entries("del", change.name, change, change.delete))
+    return out
+
+
+def destroy_commands(names: Iterable[str]) -> list[SetCommand]:
+    return [SetCommand("destroy", name) for name in names]
+
+
+def _entries(verb: str, name: str, change: SetChange, entries: tuple[str, ...]) -> SetCommand:
+    return SetCommand(verb, name, change.kind, change.version, entries=entries)
+
+
+def render_script(commands: Iterable[SetCommand]) -> str:
+    """`ipset restore -exist` input for these commands."""
+    return "".join(line + "\n" for command in commands for line in command.lines())
+
+
+def ipset_script(changes: Iterable[SetChange]) -> str:
+    """`ipset restore -exist` input: creates, small changes in place, big ones swapped in."""
+    return render_script(set_commands(changes))
 
 
 def _numeric(entry: str) -> str:

@@ -3,7 +3,8 @@
 Owns: `Companion` (reads ipvsproxy's sets over netlink with a `SetReader`, else by name:
 `ipset list -n`, then one `ipset restore` of `save NAME` lines for the `IPVSPROXY-*` ones
 only, never other agents' sets; its chains with
-`iptables-save`; writes set changes as one `ipset restore` batch and chain changes as one
+`iptables-save`; writes set changes over netlink with a `SetWriter`, else as one
+`ipset restore` batch and chain changes as one
 `iptables-restore --noflush` transaction per family and table), `plan_companion()` (pure:
 observed vs wanted -> `CompanionPlan`, with its description for `diff`), and
 `Companion.write_sets()`, the incremental path's only host access: one `ipset restore` of
@@ -17,8 +18,8 @@ are written; a set with many changes is rebuilt as a temporary set and swapped i
 atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
 sets they reference.
 
-Imports: companion.sets, companion.ipset, companion.nlread, companion.rules, iptables (its
-parser, transaction and Commands), errors, the standard library.
+Imports: companion.sets, companion.ipset, companion.nlread, companion.nlwrite,
+companion.rules, iptables (its parser, transaction and Commands), errors, the standard library.
 """
 
 from __future__ import annotations
@@ -31,15 +32,20 @@ from ipvsproxy.companion.ipset import (
     DEFAULT_MAXELEM,
     Header,
     SetChange,
+    SetCommand,
+    destroy_commands,
     ipset_script,
     maxelem_for,
     parse_headers,
     parse_ipset_save,
     parse_names,
+    render_script,
     save_script,
+    set_commands,
     too_small,
 )
 from ipvsproxy.companion.nlread import SetReader
+from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
 from ipvsproxy.companion.sets import SetState
 from ipvsproxy.errors import KernelError
@@ -141,6 +147,9 @@ class Companion:
     # reads the sets over netlink instead of `ipset save` (made in the namespace `commands`
     # work in): no process, no per-entry /etc/protocols read by the ipset tool
     reader: SetReader | None = None
+    # writes the sets over netlink instead of `ipset restore` (the same commands, see
+    # nlwrite.py): the tool parses each entry with a libc lookup that costs ~4 ms in the VM
+    writer: SetWriter | None = None
 
     def check(self) -> None:
         """KernelUnavailable without ipset or iptables; IPv6 left out without ip6tables."""
@@ -176,14 +185,19 @@ class Companion:
 
     def apply(self, plan: CompanionPlan) -> None:
         """Sets first (the rules match them), then rules, then unused sets. KernelError."""
-        script = ipset_script(plan.sets)
-        if script:
-            self.commands.run(["ipset", "restore", "-exist"], stdin=script)
+        self._write(set_commands(plan.sets))
         for version, _table, payload in plan.restores:
             self.commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
-        if plan.stale_sets:
-            stale = "".join(f"destroy {name}\n" for name in plan.stale_sets)
-            self.commands.run(["ipset", "restore", "-exist"], stdin=stale)
+        self._write(destroy_commands(plan.stale_sets))
+
+    def _write(self, commands: list[SetCommand]) -> None:
+        """Over netlink with a writer, else one `ipset restore -exist`. KernelError."""
+        if not commands:
+            return
+        if self.writer is not None:
+            self.writer.write(commands)
+        else:
+            self.commands.run(["ipset", "restore", "-exist"], stdin=render_script(commands))
 
     def observe_headers(self) -> dict[str, Header]:
         """ipvsproxy's sets' type, family, maxelem and size, with one `ipset list -t`: a
@@ -196,9 +210,7 @@ class Companion:
         Returns the number of entries written; KernelError when ipset refuses the batch
         (then the host is unknown: the caller runs a full sync, which observes and seeds)."""
         changes = tuple(changes)
-        script = ipset_script(changes)
-        if script:
-            self.commands.run(["ipset", "restore", "-exist"], stdin=script)
+        self._write(set_commands(changes))
         return sum(len(c.add) + len(c.delete) + c.create for c in changes)
 
     def cleanup(self, *, dry_run: bool = False) -> list[str]:
@@ -214,7 +226,6 @@ class Companion:
                 self.commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
         names = sorted(observed.sets.sets)
         removed += [f"ipset {name}" for name in names]
-        if names and not dry_run:
-            script = "".join(f"destroy {name}\n" for name in names)
-            self.commands.run(["ipset", "restore", "-exist"], stdin=script)
+        if not dry_run:
+            self._write(destroy_commands(names))
         return removed

@@ -11,6 +11,8 @@ filesystem over 9p, one file syscall ~2 ms): 5,000 entries took 59 s to observe,
 Protocol (include/uapi/linux/netfilter/ipset/ip_set.h): NFNL_SUBSYS_IPSET, IPSET_CMD_LIST
 with IPSET_ATTR_PROTOCOL 7; IPSET_FLAG_LIST_SETNAME lists names only.
 
+`IpsetSocket` (the socket, request headers, replies) is shared with nlwrite.SetWriter.
+
 Imports: companion.sets, errors, the standard library (no pyroute2: see pyproject's contracts).
 """
 
@@ -27,7 +29,10 @@ from ipvsproxy.errors import KernelError
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_IPSET = 6
-IPSET_CMD_LIST = 7
+IPSET_CMD_CREATE, IPSET_CMD_DESTROY, IPSET_CMD_FLUSH = 2, 3, 4
+IPSET_CMD_SWAP, IPSET_CMD_LIST, IPSET_CMD_ADD, IPSET_CMD_DEL, IPSET_CMD_TYPE = 6, 7, 9, 10, 13
+COMMANDS = {2: "create", 3: "destroy", 4: "flush", 6: "swap", 7: "list", 9: "add", 10: "del"}
+COMMANDS[IPSET_CMD_TYPE] = "type"
 IPSET_PROTOCOL = 7
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -87,8 +92,9 @@ def decode_entry(data: bytes) -> str:
     return text
 
 
-class SetReader:
-    """A netfilter netlink socket in the network namespace it was made in."""
+class IpsetSocket:
+    """A netfilter netlink socket for ipset requests, in the network namespace it was made
+    in; SetReader and SetWriter (nlwrite.py) share it."""
 
     def __init__(self) -> None:
         try:
@@ -100,6 +106,46 @@ class SetReader:
 
     def close(self) -> None:
         self._sock.close()
+
+    def _message(self, command: int, flags: int, attrs: bytes) -> bytes:
+        """One ipset request (the next sequence number): nfgenmsg, protocol, `attrs`."""
+        self._seq += 1
+        body = struct.pack("=BBH", socket.AF_INET, 0, 0)
+        body += _attr(ATTR_PROTOCOL, bytes([IPSET_PROTOCOL])) + attrs
+        kind = (NFNL_SUBSYS_IPSET << 8) | command
+        return _HEADER.pack(_HEADER.size + len(body), kind, flags, self._seq, 0) + body
+
+    def _replies(self) -> Iterator[tuple[int, int, bytes]]:
+        """(type, sequence number, payload) of each message received, forever."""
+        while True:
+            data = self._sock.recv(1 << 20)
+            at = 0
+            while at + _HEADER.size <= len(data):
+                size, kind, _, seq, _ = _HEADER.unpack_from(data, at)
+                yield kind, seq, data[at + _HEADER.size : at + size]
+                at += (size + 3) & ~3
+
+    def _dump(
+        self, command: int, extra: bytes, flags: int = NLM_F_REQUEST | NLM_F_DUMP
+    ) -> Iterator[dict[int, bytes]]:
+        """The top-level attributes of each message of one dump (or, with NLM_F_ACK instead
+        of NLM_F_DUMP, of one reply)."""
+        self._sock.send(self._message(command, flags, extra))
+        for kind, seq, message in self._replies():
+            if seq != self._seq:
+                continue
+            if kind == NLMSG_DONE:
+                return
+            if kind == NLMSG_ERROR:
+                code = -struct.unpack_from("=i", message)[0]
+                if code:
+                    raise KernelError(f"ipset {COMMANDS[command]}: {os.strerror(code)}")
+                return
+            yield dict(_attrs(message[4:]))  # after the nfgenmsg
+
+
+class SetReader(IpsetSocket):
+    """Reads ipvsproxy's sets."""
 
     def observe(self) -> SetState:
         """ipvsproxy's sets (name prefix `IPVSPROXY-`): type, family, maxelem, entries."""
@@ -115,7 +161,7 @@ class SetReader:
     def names(self) -> list[str]:
         flags = _attr(ATTR_FLAGS, struct.pack("!I", FLAG_LIST_SETNAME))
         found = []
-        for attrs in self._dump(flags):
+        for attrs in self._dump(IPSET_CMD_LIST, flags):
             name = attrs.get(ATTR_SETNAME)
             if name is not None:
                 found.append(name.rstrip(b"\0").decode())
@@ -123,7 +169,7 @@ class SetReader:
 
     def _one(self, name: str) -> tuple[str, int, int, list[str]]:
         kind, version, capacity, entries = "", 4, 65536, []
-        for attrs in self._dump(_attr(ATTR_SETNAME, name.encode() + b"\0")):
+        for attrs in self._dump(IPSET_CMD_LIST, _attr(ATTR_SETNAME, name.encode() + b"\0")):
             if ATTR_TYPENAME in attrs:  # the first message; the others carry entries only
                 kind = attrs[ATTR_TYPENAME].rstrip(b"\0").decode()
             if ATTR_FAMILY in attrs:
@@ -133,29 +179,3 @@ class SetReader:
                 capacity = struct.unpack("!I", header[ATTR_MAXELEM])[0]
             entries += [decode_entry(data) for _, data in _attrs(attrs.get(ATTR_ADT, b""))]
         return kind, version, capacity, entries
-
-    def _dump(self, extra: bytes) -> Iterator[dict[int, bytes]]:
-        """The top-level attributes of each message of one IPSET_CMD_LIST dump."""
-        self._seq += 1
-        body = struct.pack("=BBH", socket.AF_UNSPEC, 0, 0)
-        body += _attr(ATTR_PROTOCOL, bytes([IPSET_PROTOCOL])) + extra
-        kind = (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_LIST
-        flags = NLM_F_REQUEST | NLM_F_DUMP
-        self._sock.send(_HEADER.pack(_HEADER.size + len(body), kind, flags, self._seq, 0) + body)
-        while True:
-            data = self._sock.recv(1 << 20)
-            at = 0
-            while at + _HEADER.size <= len(data):
-                size, kind, _, seq, _ = _HEADER.unpack_from(data, at)
-                message = data[at + _HEADER.size : at + size]
-                at += (size + 3) & ~3
-                if seq != self._seq:
-                    continue
-                if kind == NLMSG_DONE:
-                    return
-                if kind == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", message)[0]
-                    if code:
-                        raise KernelError(f"ipset list: {os.strerror(code)}")
-                    return
-                yield dict(_attrs(message[4:]))  # after the nfgenmsg
