@@ -1,4 +1,5 @@
-"""The IPVS backend over netlink: the only package that imports pyroute2."""
+"""The IPVS backend over netlink, hand-written (see links.py and genl.py for why); pyroute2
+is no longer imported by the product, only by tests that check our bytes against its own."""
 
 from ipvsproxy.netlink.kernel import NetlinkKernel
 from ipvsproxy.netlink.probe import ProbeResult, probe
