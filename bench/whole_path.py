@@ -218,8 +218,10 @@ class SyncLine:
 
     @property
     def seconds(self) -> float | None:
-        """The last `N.NNNs` of the line (a suffix such as `(full, ...)` may follow)."""
-        found = re.findall(r"(\d+\.\d+)s\b", self.msg)
+        """The sync's duration: the `N.NNNs` before the `(full, ...)` suffix (the suffix has
+        the companion's share, `companion N.NNNs`), else the last `N.NNNs` of the line."""
+        m = re.search(r"(\d+\.\d+)s \(", self.msg)
+        found = [m.group(1)] if m else re.findall(r"(\d+\.\d+)s\b", self.msg)
         return float(found[-1]) if found else None
 
     @property
