@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,11 +127,11 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             "connection counts are unknown: removed endpoints are shown deleted, not drained",
         )
         return _diff_result(planned, pipeline, config, notes)
-    with open_backend(config) as backend:
+    with open_backend(config) as backend, companion_for(backend) as companion:
         pipeline = Pipeline(
             kernel=backend.kernel,
             config=config,
-            companion=companion_for(backend),
+            companion=companion,
             drainer=Drainer(timeout=config.drain_timeout),
         )
         pipeline.feed(changes)
@@ -171,11 +171,12 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     with open_backend(config) as backend:  # first: no backend, nothing on the node is touched
         prepare(backend, config)
         remove_leftovers(backend, config)
-        pipeline = Pipeline(kernel=backend.kernel, config=config, companion=companion_for(backend))
-        pipeline.feed(changes)
-        for warning in pipeline.warnings:
-            log.warning("%s", warning)
-        result = pipeline.apply(pipeline.plan(full=True))
+        with companion_for(backend) as companion:
+            pipeline = Pipeline(kernel=backend.kernel, config=config, companion=companion)
+            pipeline.feed(changes)
+            for warning in pipeline.warnings:
+                log.warning("%s", warning)
+            result = pipeline.apply(pipeline.plan(full=True))
     if result.companion_error:
         log.error("companion rules: %s", result.companion_error)
     log.info(
@@ -213,9 +214,10 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     tracker = Tracker(
         required=(SERVICE, SLICE, NODE), on_change=changed, node_name=config.node_name
     )
-    with open_backend(config) as backend:
+    with open_backend(config) as backend, ExitStack() as stack:
         prepare(backend, config)
         remove_leftovers(backend, config)
+        companion = stack.enter_context(companion_for(backend))
         metrics.use_backend(backend.name, others=BACKENDS)
         health.detail = backend.detail
         log.info("backend: %s (%s)", backend.name, backend.reason)
@@ -225,7 +227,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             tracker=tracker,
             metrics=metrics,
             health=health,
-            companion=companion_for(backend),
+            companion=companion,
         )
         runner = Runner(
             sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period

@@ -147,9 +147,20 @@ def cleanup(config: Config, *, dry_run: bool) -> list[str]:
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
 
 
-def companion_for(backend: Backend) -> Companion | None:
+@contextmanager
+def companion_for(backend: Backend) -> Iterator[Companion | None]:
     """The companion rules for the IPVS backend (None on iptables, or without the tools:
-    then IPVS serves only clients on this node, and that is logged as an error)."""
+    then IPVS serves only clients on this node, and that is logged as an error); its
+    netlink sockets are closed at the end."""
+    companion = _companion(backend)
+    try:
+        yield companion
+    finally:
+        if companion is not None:
+            companion.close()
+
+
+def _companion(backend: Backend) -> Companion | None:
     if backend.name != IPVS:
         return None
     try:  # the sets read over netlink: `ipset save` is slow where /etc is (see nlread.py)
@@ -171,6 +182,7 @@ def companion_for(backend: Backend) -> Companion | None:
             "filtering or source ranges; Services work only for clients on this node",
             exc,
         )
+        companion.close()
         return None
     return companion
 

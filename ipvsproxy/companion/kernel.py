@@ -151,6 +151,12 @@ class Companion:
     # nlwrite.py): the tool parses each entry with a libc lookup that costs ~4 ms in the VM
     writer: SetWriter | None = None
 
+    def close(self) -> None:
+        """Close the netlink sockets (reader, writer), if any."""
+        for sock in (self.reader, self.writer):
+            if sock is not None:
+                sock.close()
+
     def check(self) -> None:
         """KernelUnavailable without ipset or iptables; IPv6 left out without ip6tables."""
         self.commands.run(["ipset", "version"])
