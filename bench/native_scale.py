@@ -163,6 +163,7 @@ def soak(
 ) -> list[tuple[str, str]]:
     gc.collect()
     samples: list[float] = []
+    blocks: list[int] = []  # Python objects' memory blocks in use: live data, not the arenas
     serial, passes, slowest, last_full = 1000, 0, 0.0, time.monotonic()
     end = time.monotonic() + args.soak
     next_tick = time.monotonic()
@@ -181,6 +182,7 @@ def soak(
             last_full = time.monotonic()
             gc.collect()
             samples.append(rss_mib())
+            blocks.append(sys.getallocatedblocks())
         next_tick += 1.0
         time.sleep(max(0.0, next_tick - time.monotonic()))
     pipeline.sync(tracker.take(), full=False)
@@ -197,9 +199,17 @@ def soak(
         (
             "soak: RSS at each full resync",
             f"{min(samples):.0f}-{max(samples):.0f} MiB ({drift:.1f} % spread, "
-            f"{len(samples)} samples)",
+            f"{len(samples)} samples: {', '.join(f'{x:.0f}' for x in samples)})",
+        ),
+        (
+            "soak: allocated blocks at each full resync",
+            f"{min(blocks)}-{max(blocks)} ({spread(blocks):.1f} % spread)",
         ),
     ]
+
+
+def spread(values: list[int]) -> float:
+    return (max(values) - min(values)) / min(values) * 100 if values else float("nan")
 
 
 if __name__ == "__main__":
