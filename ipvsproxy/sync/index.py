@@ -100,12 +100,6 @@ class DesiredIndex:
 
     # ---- reading ------------------------------------------------------------------------------
 
-    def entry(self, key: VSKey) -> Entry | None:
-        return self._winners.get(key)
-
-    def is_bound(self, address: IPAddress) -> bool:
-        return address in self._binders
-
     def local_endpoints(self) -> frozenset[IPAddress]:
         return frozenset(self._local)
 
@@ -125,12 +119,6 @@ class DesiredIndex:
             {k: self.dests[k] for k in services},
             frozenset(a for a in addresses if a in self._binders),
         )
-
-    def bound(self) -> frozenset[IPAddress]:
-        return frozenset(self._binders)
-
-    def access(self) -> dict[VSKey, Access]:
-        return {k: e.access for k, e in self._winners.items()}
 
     def names(self, keys: Iterable[VSKey]) -> dict[VSKey, str]:
         return {k: e.origin for k in keys if (e := self._winners.get(k)) is not None}

@@ -224,11 +224,6 @@ class Tracker:
                 counts[NODE] = len(self._nodes)
             return {kind: n for kind, n in counts.items() if kind in self._listed}
 
-    def pending(self) -> bool:
-        """Whether a take() would hand over any Service."""
-        with self._lock:
-            return self._everything or bool(self._dirty)
-
     def take(self, *, everything: bool = False) -> Changes:
         """The dirty Services (all of them after a node change, or when asked) and their
         slices; clears the marks."""
