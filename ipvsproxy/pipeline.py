@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
-from ipvsproxy.companion.conntrack import forget_udp
+from ipvsproxy.companion.conntrack import forget_udp, udp_gone
 from ipvsproxy.companion.index import SetIndex
 from ipvsproxy.companion.ipset import host_after
 from ipvsproxy.companion.kernel import Companion, CompanionPlan, Observed, plan_companion
@@ -46,7 +46,6 @@ from ipvsproxy.model import (
     IPAddress,
     IpvsState,
     Op,
-    Proto,
     RealServer,
     RSKey,
     UnbindAddress,
@@ -269,7 +268,7 @@ class Pipeline:
         started = time.monotonic()
         if self.companion is not None:
             changes, error = self._apply_companion(planned)
-            forgotten = forget_udp(self.companion.commands, _udp_gone(ipvs.plan, failed))
+            forgotten = forget_udp(self.companion.commands, udp_gone(ipvs.plan, failed))
         return PassResult(
             planned.full,
             result,
@@ -315,16 +314,3 @@ def _retry_set(report: ApplyReport) -> tuple[set[VSKey], set[IPAddress]]:
             case BindAddress(address) | UnbindAddress(address):
                 addresses.add(address)
     return keys, addresses
-
-
-def _udp_gone(ops: Iterable[Op], failed: set[Op]) -> list[tuple[VSKey, RSKey | None]]:
-    """UDP destinations and virtual servers removed by this pass (their flows must go)."""
-    gone: list[tuple[VSKey, RSKey | None]] = []
-    for op in ops:
-        if op in failed:
-            continue
-        if isinstance(op, DeleteDest) and op.service.proto is Proto.UDP:
-            gone.append((op.service, op.key))
-        elif isinstance(op, DeleteService) and op.key.proto is Proto.UDP:
-            gone.append((op.key, None))
-    return gone

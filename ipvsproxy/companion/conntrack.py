@@ -15,11 +15,11 @@ Imports: iptables (Commands), model, errors.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables.kernel import Commands
-from ipvsproxy.model import RSKey, VSKey
+from ipvsproxy.model import DeleteDest, DeleteService, Op, Proto, RSKey, VSKey
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +49,17 @@ def forget_udp(commands: Commands, gone: Iterable[tuple[VSKey, RSKey | None]]) -
     except KernelError as exc:
         log.warning("cannot delete UDP conntrack entries (%d deletions): %s", len(lines), exc)
     return len(lines)
+
+
+def udp_gone(ops: Iterable[Op], failed: Container[Op]) -> list[tuple[VSKey, RSKey | None]]:
+    """UDP destinations and virtual servers a sync removed (their flows must go); the
+    operations in `failed` were refused, so those objects are still there."""
+    gone: list[tuple[VSKey, RSKey | None]] = []
+    for op in ops:
+        if op in failed:
+            continue
+        if isinstance(op, DeleteDest) and op.service.proto is Proto.UDP:
+            gone.append((op.service, op.key))
+        elif isinstance(op, DeleteService) and op.key.proto is Proto.UDP:
+            gone.append((op.key, None))
+    return gone

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ipvsproxy.api import NodeView
-from ipvsproxy.companion.conntrack import forget_udp
+from ipvsproxy.companion.conntrack import forget_udp, udp_gone
 from ipvsproxy.companion.index import SetIndex
 from ipvsproxy.companion.ipset import host_after
 from ipvsproxy.companion.kernel import Companion, plan_companion
@@ -23,7 +23,7 @@ from ipvsproxy.companion.rules import LocalMode, Options
 from ipvsproxy.companion.sets import SetState, wanted
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.model import DeleteDest, DeleteService, IpvsState, Proto, RSKey, VSKey
+from ipvsproxy.model import IpvsState, VSKey
 from ipvsproxy.sync.desired import Desired
 from ipvsproxy.sync.engine import SyncResult
 
@@ -107,12 +107,4 @@ def after_partial_sync(
 def _forget(companion: Companion, result: SyncResult) -> int:
     """The UDP conntrack deletions for the destinations the sync removed (one process)."""
     failed = {failure.op for failure in result.report.failures}
-    gone: list[tuple[VSKey, RSKey | None]] = []
-    for op in result.plan:
-        if op in failed:
-            continue
-        if isinstance(op, DeleteDest) and op.service.proto is Proto.UDP:
-            gone.append((op.service, op.key))
-        elif isinstance(op, DeleteService) and op.key.proto is Proto.UDP:
-            gone.append((op.key, None))
-    return forget_udp(companion.commands, gone)
+    return forget_udp(companion.commands, udp_gone(result.plan, failed))
