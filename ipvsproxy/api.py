@@ -2,9 +2,12 @@
 
 Owns: `ServiceView`, `ServicePortView`, `EndpointSliceView`, `EndpointView`, `NodeView`, and
 `parse_objects()`, which turns raw dicts (from manifests or the API) into views. A malformed
-object (bad IP, port out of range, unknown protocol, missing field, duplicate port) becomes a
-warning that names it; every other object is still parsed. Field meanings follow the
-core/v1 Service and discovery.k8s.io/v1 EndpointSlice API reference.
+object (bad IP, port out of range, unknown protocol, missing field, duplicate port, or any
+field of the wrong JSON type: a string where an object belongs, a number for a list) becomes a
+warning that names it and the field; every other object is still parsed. The `parse_*`
+functions raise `Malformed` and nothing else, whatever JSON (or YAML: dates, sets) a field
+holds; a null field reads as an absent one. Field meanings follow the core/v1 Service and
+discovery.k8s.io/v1 EndpointSlice API reference.
 
 Imports: model, the standard library. Never the Kubernetes client: raw dicts only.
 """
@@ -12,6 +15,7 @@ Imports: model, the standard library. Never the Kubernetes client: raw dicts onl
 from __future__ import annotations
 
 import enum
+import re
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,7 +43,16 @@ MAX_AFFINITY_TIMEOUT = 86400
 
 
 class Malformed(ValueError):
-    """A field of an API object is invalid; the message names the field."""
+    """A field of an API object is invalid or wrongly shaped.
+
+    `field` is the path of the field at fault (`spec.ports[0].port`); the message starts
+    with it. The parser raises nothing else for any JSON value in any field it reads
+    (tests/test_api_fuzz.py).
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ServiceType(enum.StrEnum):
@@ -159,124 +172,160 @@ def describe(obj: object) -> str:
 
 def parse_service(obj: RawObject) -> ServiceView:
     namespace, name, labels, annotations = _meta(obj, namespaced=True)
-    spec = _mapping(obj, "spec")
-    stype = _enum(ServiceType, spec.get("type", "ClusterIP"), "spec.type")
+    spec = _object(obj.get("spec"), "spec", required=True)
+    stype = _service_type(spec.get("type"))
     base = ServiceView(namespace, name, stype, labels=labels, annotations=annotations)
     if stype is ServiceType.EXTERNAL_NAME:
         return base
     cluster_ips = _cluster_ips(spec)
-    if cluster_ips == ("None",):
+    if cluster_ips is None:
         return ServiceView(namespace, name, stype, headless=True, labels=labels)
     ports = _service_ports(spec.get("ports"))
-    status = obj.get("status") or {}
-    lb = status.get("loadBalancer") or {} if isinstance(status, Mapping) else {}
+    balanced = stype is ServiceType.LOAD_BALANCER
     return ServiceView(
         namespace,
         name,
         stype,
-        cluster_ips=tuple(_ip(ip, "spec.clusterIPs") for ip in cluster_ips),
+        cluster_ips=cluster_ips,
         ports=ports,
-        external_ips=tuple(_ip(ip, "spec.externalIPs") for ip in _list(spec, "externalIPs")),
-        lb_ingress_ips=_lb_ingress(lb) if stype is ServiceType.LOAD_BALANCER else (),
+        external_ips=tuple(
+            _ip(ip, f"spec.externalIPs[{i}]")
+            for i, ip in enumerate(_list(spec.get("externalIPs"), "spec.externalIPs"))
+        ),
+        lb_ingress_ips=_lb_ingress(obj.get("status")) if balanced else (),
         external_local=_policy(spec, "externalTrafficPolicy", ("Cluster", "Global")),
         internal_local=_policy(spec, "internalTrafficPolicy", ("Cluster",)),
         affinity_timeout=_affinity(spec),
-        source_ranges=_source_ranges(spec) if stype is ServiceType.LOAD_BALANCER else (),
+        source_ranges=_source_ranges(spec) if balanced else (),
         labels=labels,
         annotations=annotations,
     )
 
 
+def _service_type(value: object) -> ServiceType:
+    if value is None:
+        return ServiceType.CLUSTER_IP
+    try:
+        return ServiceType(_str(value, "spec.type"))
+    except ValueError:
+        raise _bad("spec.type", value, f"is not one of {[t.value for t in ServiceType]}") from None
+
+
 def _source_ranges(spec: RawObject) -> tuple[IPNetwork, ...]:
     ranges = []
-    for i, text in enumerate(_list(spec, "loadBalancerSourceRanges")):
+    for i, text in enumerate(
+        _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    ):
+        where = f"spec.loadBalancerSourceRanges[{i}]"
         try:
-            ranges.append(ip_network(str(text).strip(), strict=False))
+            ranges.append(ip_network(_str(text, where).strip(), strict=False))
         except ValueError:
-            raise Malformed(f"spec.loadBalancerSourceRanges[{i}] {text!r} is not a CIDR") from None
+            raise _bad(where, text, "is not a CIDR") from None
     return tuple(ranges)
 
 
-def _cluster_ips(spec: RawObject) -> tuple[str, ...]:
-    ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    if not isinstance(ips, list) or not ips or not all(isinstance(ip, str) for ip in ips):
-        raise Malformed("spec.clusterIP is missing")
-    if "None" in ips:
-        if ips != ["None"]:
-            raise Malformed("spec.clusterIPs mixes None with addresses")
-        return ("None",)
-    if len(ips) > 2 or len({ip_version(ip) for ip in ips}) != len(ips):
-        raise Malformed(f"spec.clusterIPs {ips} is not one address per family")
-    return tuple(ips)
-
-
-def ip_version(text: str) -> int:
-    try:
-        return ip_address(text).version
-    except ValueError:
-        raise Malformed(f"invalid IP address {text!r}") from None
+def _cluster_ips(spec: RawObject) -> tuple[IPAddress, ...] | None:
+    """The Service's cluster IPs, one per family; None for a headless Service."""
+    where, ips = "spec.clusterIPs", spec.get("clusterIPs")
+    if ips is None or ips == []:  # older objects and hand-written manifests: clusterIP alone
+        where, ip = "spec.clusterIP", spec.get("clusterIP")
+        if ip is None or ip == "":
+            raise Malformed("spec.clusterIP is missing", field=where)
+        ips = [_str(ip, where)]
+    texts = [_str(ip, f"{where}[{i}]") for i, ip in enumerate(_list(ips, where))]
+    if "None" in texts:
+        if texts != ["None"]:
+            raise Malformed(f"{where} mixes None with addresses", field=where)
+        return None
+    addresses = tuple(_ip(ip, f"{where}[{i}]") for i, ip in enumerate(texts))
+    if len(addresses) > 2 or len({a.version for a in addresses}) != len(addresses):
+        raise Malformed(f"{where} {texts} is not one address per family", field=where)
+    return addresses
 
 
 def _service_ports(raw: object) -> tuple[ServicePortView, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise Malformed("spec.ports is missing or empty")
+    items = _list(raw, "spec.ports")
+    if not items:
+        raise Malformed("spec.ports is missing or empty", field="spec.ports")
     ports = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(items):
         where = f"spec.ports[{i}]"
-        if not isinstance(item, Mapping):
-            raise Malformed(f"{where} is not an object")
-        name = _str(item.get("name", ""), f"{where}.name")
-        protocol = _proto(item.get("protocol", "TCP"), f"{where}.protocol")
+        item = _object(item, where, required=True)
+        name = _str(_or(item.get("name"), ""), f"{where}.name")
+        protocol = _proto(_or(item.get("protocol"), "TCP"), f"{where}.protocol")
         port = _port(item.get("port"), f"{where}.port")
-        node_port = item.get("nodePort") or 0
-        if node_port:
+        node_port = item.get("nodePort")
+        if node_port is None or node_port == 0:
+            node_port = 0
+        else:
             node_port = _port(node_port, f"{where}.nodePort")
         _target_port(item.get("targetPort"), f"{where}.targetPort")
         ports.append(ServicePortView(name, protocol, port, node_port))
     if len(ports) > 1 and (not all(p.name for p in ports)):
-        raise Malformed("spec.ports: every port of a multi-port Service needs a name")
+        raise Malformed(
+            "spec.ports: every port of a multi-port Service needs a name", field="spec.ports"
+        )
     if len({p.name for p in ports}) != len(ports):
-        raise Malformed("spec.ports: duplicate port name")
+        raise Malformed("spec.ports: duplicate port name", field="spec.ports")
     if len({(p.port, p.protocol) for p in ports}) != len(ports):
-        raise Malformed("spec.ports: duplicate port and protocol")
+        raise Malformed("spec.ports: duplicate port and protocol", field="spec.ports")
     return tuple(ports)
 
 
 def _target_port(value: object, where: str) -> None:
-    if value is None or (isinstance(value, str) and value and not value.isdigit()):
+    """A number, a string of ASCII digits (a number), or a port name (core/v1 IntOrString;
+    a name as IsValidPortName checks it). Only checked: the endpoints carry the ports."""
+    if value is None or value == "":
         return
-    _port(int(value) if isinstance(value, str) else value, where)
+    if isinstance(value, str):
+        if value.isascii() and value.isdigit():
+            _port(int(value), where)
+        elif not _PORT_NAME.fullmatch(value) or "--" in value or not _LETTER.search(value):
+            raise _bad(where, value, "is neither a port number nor a name")
+        return
+    _port(value, where)
 
 
-def _lb_ingress(lb: RawObject) -> tuple[IPAddress, ...]:
+_PORT_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
+_LETTER = re.compile(r"[a-z]")
+
+
+def _lb_ingress(raw_status: object) -> tuple[IPAddress, ...]:
+    status = _object(raw_status, "status")
+    lb = _object(status.get("loadBalancer"), "status.loadBalancer")
     ips = []
-    for i, ingress in enumerate(lb.get("ingress") or []):
-        if not isinstance(ingress, Mapping):
-            raise Malformed(f"status.loadBalancer.ingress[{i}] is not an object")
-        if ingress.get("ip") and ingress.get("ipMode") != "Proxy":
-            ips.append(_ip(ingress["ip"], f"status.loadBalancer.ingress[{i}].ip"))
+    for i, item in enumerate(_list(lb.get("ingress"), "status.loadBalancer.ingress")):
+        where = f"status.loadBalancer.ingress[{i}]"
+        ingress = _object(item, where, required=True)
+        ip = ingress.get("ip")
+        mode = _or(ingress.get("ipMode"), "VIP")
+        if ip is not None and ip != "" and _str(mode, f"{where}.ipMode") != "Proxy":
+            ips.append(_ip(ip, f"{where}.ip"))
     return tuple(ips)
 
 
 def _policy(spec: RawObject, key: str, cluster_values: Sequence[str]) -> bool:
     value = spec.get(key)
-    if value is None or value in cluster_values:
+    if value is None or _str(value, f"spec.{key}") in cluster_values:
         return False
     if value == "Local":
         return True
-    raise Malformed(f"spec.{key} {value!r} is neither Cluster nor Local")
+    raise _bad(f"spec.{key}", value, "is neither Cluster nor Local")
 
 
 def _affinity(spec: RawObject) -> int:
-    affinity = spec.get("sessionAffinity") or "None"
-    if affinity == "None":
+    affinity = _str(_or(spec.get("sessionAffinity"), "None"), "spec.sessionAffinity")
+    if affinity in ("None", ""):
         return 0
     if affinity != "ClientIP":
-        raise Malformed(f"spec.sessionAffinity {affinity!r} is neither None nor ClientIP")
-    config = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
-    timeout = config.get("timeoutSeconds", DEFAULT_AFFINITY_TIMEOUT)
+        raise _bad("spec.sessionAffinity", affinity, "is neither None nor ClientIP")
+    where = "spec.sessionAffinityConfig"
+    config = _object(spec.get("sessionAffinityConfig"), where)
+    client = _object(config.get("clientIP"), f"{where}.clientIP")
+    where += ".clientIP.timeoutSeconds"
+    timeout = _or(client.get("timeoutSeconds"), DEFAULT_AFFINITY_TIMEOUT)
     if not _is_int(timeout) or not 0 < timeout <= MAX_AFFINITY_TIMEOUT:
-        raise Malformed(f"sessionAffinityConfig.clientIP.timeoutSeconds {timeout!r} out of range")
+        raise _bad(where, timeout, f"is not a number of seconds (1-{MAX_AFFINITY_TIMEOUT})")
     return int(timeout)
 
 
@@ -286,50 +335,71 @@ def _affinity(spec: RawObject) -> int:
 def parse_slice(obj: RawObject) -> EndpointSliceView:
     namespace, name, labels, _ = _meta(obj, namespaced=True)
     address_type = obj.get("addressType")
-    if address_type not in ("IPv4", "IPv6", "FQDN"):
-        raise Malformed(f"addressType {address_type!r} is not IPv4, IPv6 or FQDN")
+    if address_type not in ("IPv4", "IPv6", "FQDN") or not isinstance(address_type, str):
+        raise _bad("addressType", address_type, "is not IPv4, IPv6 or FQDN")
     service_name = labels.get(SERVICE_NAME_LABEL, "")
     if address_type == "FQDN":
         return EndpointSliceView(namespace, name, service_name, address_type)
     version = 4 if address_type == "IPv4" else 6
     ports = []
-    for i, item in enumerate(obj.get("ports") or []):
+    for i, item in enumerate(_list(obj.get("ports"), "ports")):
         where = f"ports[{i}]"
-        if not isinstance(item, Mapping):
-            raise Malformed(f"{where} is not an object")
+        item = _object(item, where, required=True)
         if item.get("port") is None:  # a nil port means "all ports": unusable for IPVS
             continue
         ports.append(
             EndpointPortView(
-                _str(item.get("name") or "", f"{where}.name"),
-                _proto(item.get("protocol") or "TCP", f"{where}.protocol"),
+                _str(_or(item.get("name"), ""), f"{where}.name"),
+                _proto(_or(item.get("protocol"), "TCP"), f"{where}.protocol"),
                 _port(item.get("port"), f"{where}.port"),
             )
         )
     endpoints = tuple(
         _endpoint(item, f"endpoints[{i}]", version)
-        for i, item in enumerate(obj.get("endpoints") or [])
+        for i, item in enumerate(_list(obj.get("endpoints"), "endpoints"))
     )
     return EndpointSliceView(namespace, name, service_name, address_type, tuple(ports), endpoints)
 
 
 def _endpoint(item: object, where: str, version: int) -> EndpointView:
+    """One endpoint: the hot path of parsing (every endpoint of every slice), so the checks
+    are inline isinstance tests, each failure explained by the general helpers."""
     if not isinstance(item, Mapping):
-        raise Malformed(f"{where} is not an object")
+        raise _wrong(where, item, "an object")
     addresses = item.get("addresses")
     if not isinstance(addresses, list) or not addresses:
-        raise Malformed(f"{where}.addresses is missing")
+        if addresses is None or addresses == []:
+            raise Malformed(f"{where}.addresses is missing", field=f"{where}.addresses")
+        raise _wrong(f"{where}.addresses", addresses, "a list")
     address = _ip(addresses[0], f"{where}.addresses[0]")  # consumers use the first one
     if address.version != version:
-        raise Malformed(f"{where}: {address} is not an IPv{version} address")
-    cond = item.get("conditions") or {}
-    # discovery/v1: a nil ready or serving condition means "unknown", read as true.
-    ready = cond.get("ready") is not False
-    serving = cond.get("serving", ready) is not False
-    terminating = cond.get("terminating") is True
-    node = item.get("nodeName") or ""
-    node = sys.intern(_str(node, f"{where}.nodeName"))  # a few node names, 100,000s of endpoints
+        raise Malformed(
+            f"{where}.addresses[0]: {address} is not an IPv{version} address",
+            field=f"{where}.addresses[0]",
+        )
+    ready, serving, terminating = _conditions(item.get("conditions"), where)
+    node = item.get("nodeName")
+    if node is None:
+        node = ""
+    elif not isinstance(node, str):
+        raise _wrong(f"{where}.nodeName", node, "a string")
+    node = sys.intern(node)  # a few node names, 100,000s of endpoints
     return EndpointView(address, ready, serving, terminating, node)
+
+
+def _conditions(cond: object, where: str) -> tuple[bool, bool, bool]:
+    """(ready, serving, terminating) of an endpoint; each condition true, false or null."""
+    if cond is None:
+        return True, True, False
+    if not isinstance(cond, Mapping):
+        raise _wrong(f"{where}.conditions", cond, "an object")
+    ready, terminating = cond.get("ready"), cond.get("terminating")
+    serving = cond.get("serving", ready)  # absent: as ready (null: unknown)
+    for key, value in (("ready", ready), ("serving", serving), ("terminating", terminating)):
+        if value is not None and value is not True and value is not False:
+            raise _wrong(f"{where}.conditions.{key}", value, "true, false or null")
+    # discovery/v1: a nil ready or serving condition means "unknown", read as true.
+    return ready is not False, serving is not False, terminating is True
 
 
 # ---- Node -------------------------------------------------------------------------------
@@ -337,65 +407,118 @@ def _endpoint(item: object, where: str, version: int) -> EndpointView:
 
 def parse_node(obj: RawObject) -> NodeView:
     _, name, labels, _ = _meta(obj, namespaced=False)
-    status = obj.get("status") or {}
-    addresses = []
-    for i, item in enumerate(status.get("addresses") or []):
-        if isinstance(item, Mapping) and item.get("type") in ("InternalIP", "ExternalIP"):
-            ip = _ip(item.get("address"), f"status.addresses[{i}].address")
+    status = _object(obj.get("status"), "status")
+    addresses: list[IPAddress] = []
+    for i, item in enumerate(_list(status.get("addresses"), "status.addresses")):
+        where = f"status.addresses[{i}]"
+        item = _object(item, where, required=True)
+        kind = _str(_or(item.get("type"), ""), f"{where}.type")
+        if kind in ("InternalIP", "ExternalIP"):
+            ip = _ip(item.get("address"), f"{where}.address")
             if ip not in addresses:
                 addresses.append(ip)
-    spec = obj.get("spec") or {}
-    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    spec = _object(obj.get("spec"), "spec")
+    where, cidrs = "spec.podCIDRs", spec.get("podCIDRs")
+    if cidrs is None or cidrs == []:
+        where, cidr = "spec.podCIDR", spec.get("podCIDR")
+        cidrs = [] if cidr is None or cidr == "" else [cidr]
     pod_cidrs = []
-    for text in cidrs if isinstance(cidrs, list) else []:
+    for i, text in enumerate(_list(cidrs, where)):
+        at = f"{where}[{i}]" if where == "spec.podCIDRs" else where
         try:
-            pod_cidrs.append(ip_network(str(text), strict=False))
+            pod_cidrs.append(ip_network(_str(text, at), strict=False))
         except ValueError:
-            raise Malformed(f"spec.podCIDRs: {text!r} is not a CIDR") from None
+            raise _bad(at, text, "is not a CIDR") from None
     return NodeView(name, tuple(addresses), labels, tuple(pod_cidrs))
 
 
 # ---- field helpers ----------------------------------------------------------------------
+#
+# Every value read from an object goes through one of these (or, on the endpoint hot path,
+# the same isinstance test inline): a JSON null reads as the field being absent, any other
+# value of the wrong type is a Malformed naming the field and the type found.
 
 
 def _meta(obj: RawObject, *, namespaced: bool) -> tuple[str, str, dict[str, str], dict[str, str]]:
-    meta = _mapping(obj, "metadata")
+    meta = _object(obj.get("metadata"), "metadata", required=True)
     name = meta.get("name")
-    namespace = meta.get("namespace") or ("default" if namespaced else "")
-    if not isinstance(name, str) or not name:
-        raise Malformed("metadata.name is missing")
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    for what, values in (("labels", labels), ("annotations", annotations)):
-        if not isinstance(values, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in values.items()
-        ):
-            raise Malformed(f"metadata.{what} must map strings to strings")
-    return str(namespace), name, _kept(labels), _kept(annotations)
+    if name is None or name == "":
+        raise Malformed("metadata.name is missing", field="metadata.name")
+    name = _str(name, "metadata.name")
+    namespace = ""
+    if namespaced:
+        namespace = _str(_or(meta.get("namespace"), ""), "metadata.namespace") or "default"
+    labels = _string_map(meta.get("labels"), "metadata.labels")
+    annotations = _string_map(meta.get("annotations"), "metadata.annotations")
+    return namespace, name, _kept(labels), _kept(annotations)
+
+
+def _string_map(value: object, where: str) -> Mapping[str, str]:
+    values = _object(value, where)
+    for key, item in values.items():
+        if not isinstance(key, str):
+            raise _bad(where, key, "has a key that is not a string")
+        _str(item, f"{where}[{key!r}]")
+    return values
 
 
 def _kept(values: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in values.items() if k.startswith(KEPT_META_PREFIXES)}
 
 
-def _mapping(obj: RawObject, key: str) -> RawObject:
-    value = obj.get(key)
-    if not isinstance(value, Mapping):
-        raise Malformed(f"{key} is missing")
-    return value
+def _or(value: object, default: object) -> Any:
+    """`value`, or `default` when it is null (absent)."""
+    return default if value is None else value
 
 
-def _list(obj: RawObject, key: str) -> list[Any]:
-    value = obj.get(key) or []
+def _object(value: object, where: str, *, required: bool = False) -> RawObject:
+    """An object; an absent (null) one reads as empty unless `required`."""
+    if isinstance(value, Mapping):
+        return value
+    if value is None:
+        if required:
+            raise Malformed(f"{where} is missing", field=where)
+        return {}
+    raise _wrong(where, value, "an object")
+
+
+def _list(value: object, where: str) -> list[Any]:
+    """A list; an absent (null) one reads as empty."""
+    if value is None:
+        return []
     if not isinstance(value, list):
-        raise Malformed(f"{key} is not a list")
+        raise _wrong(where, value, "a list")
     return value
 
 
 def _str(value: object, where: str) -> str:
     if not isinstance(value, str):
-        raise Malformed(f"{where} is not a string")
+        raise _wrong(where, value, "a string")
     return value
+
+
+def _wrong(where: str, value: object, expected: str) -> Malformed:
+    return Malformed(f"{where}: expected {expected}, got {_type_name(value)}", field=where)
+
+
+def _bad(where: str, value: object, problem: str) -> Malformed:
+    """`where` holds a value of the right type that is not valid there."""
+    return Malformed(f"{where} {_shown(value)} {problem}", field=where)
+
+
+def _type_name(value: object) -> str:
+    """A value's type as JSON names it (as YAML may also give dates, bytes, sets...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _shown(value: object) -> str:
+    """A value for a message, shortened: an object may carry a whole document."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_int(value: object) -> bool:
@@ -404,32 +527,30 @@ def _is_int(value: object) -> bool:
 
 def _port(value: object, where: str) -> int:
     if not _is_int(value) or not 1 <= value <= 65535:  # type: ignore[operator]
-        raise Malformed(f"{where} {value!r} is not a port number (1-65535)")
+        raise _bad(where, value, "is not a port number (1-65535)")
     return int(value)  # type: ignore[call-overload, no-any-return]
 
 
 def _proto(value: object, where: str) -> Proto:
-    try:
-        return Proto[value] if isinstance(value, str) else Proto[""]
-    except KeyError:
-        raise Malformed(f"{where} {value!r} is not TCP, UDP or SCTP") from None
+    proto = _PROTOS.get(value) if isinstance(value, str) else None
+    if proto is None:
+        raise _bad(where, value, "is not TCP, UDP or SCTP")
+    return proto
+
+
+_PROTOS = {p.name: p for p in Proto}
 
 
 def _ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
-        raise Malformed(f"{where} {value!r} is not an IP address")
+        raise _bad(where, value, "is not an IP address")
     try:
         if ":" not in value:
             # inet_pton takes exactly what ipaddress takes for IPv4 (four decimal parts,
             # no leading zeros) and is ~10x faster: every endpoint of every slice passes here
             return IPv4Address(socket.inet_pton(socket.AF_INET, value))
-        return ip_address(value)
-    except (OSError, ValueError):
-        raise Malformed(f"{where} {value!r} is not an IP address") from None
-
-
-def _enum(cls: type[ServiceType], value: object, where: str) -> ServiceType:
-    try:
-        return cls(str(value))
-    except ValueError:
-        raise Malformed(f"{where} {value!r} is not one of {[m.value for m in cls]}") from None
+        if "%" not in value:  # a scoped IPv6 address (fe80::1%eth0) is no Service address
+            return ip_address(value)
+    except (OSError, ValueError):  # UnicodeEncodeError (non-ASCII text) is a ValueError
+        pass
+    raise _bad(where, value, "is not an IP address")
