@@ -337,21 +337,43 @@ def _start_sources(
 
 @contextmanager
 def _signals(halt: Callable[[], None]) -> Iterator[None]:
-    """SIGTERM/SIGINT stop the agent after the sync in progress; old handlers come back."""
+    """SIGTERM/SIGINT stop the agent after the sync in progress; old handlers come back.
+
+    The handler runs in the main thread between two bytecodes, possibly while that thread
+    holds a lock (an Event's, the runner's, a logging handler's): taking any of them again
+    would deadlock. So it only writes the signal's number to a pipe (a self-pipe: no lock,
+    never blocks); a thread reads it, logs and halts.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    import os
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
 
     def handler(signum: int, frame: object) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        halt()
+        try:
+            os.write(write_end, bytes([signum]))
+        except OSError:  # the pipe is full: a stop is already on its way
+            return
 
+    def notice() -> None:
+        while received := os.read(read_end, 1):  # b"": the write end closed, we are done
+            log.info("received %s: stopping", signal.Signals(received[0]).name)
+            halt()
+
+    watcher = threading.Thread(target=notice, name="signals", daemon=True)
+    watcher.start()
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        os.close(write_end)
+        watcher.join(timeout=5)
+        os.close(read_end)
 
 
 def _describe(source: Source) -> str:
