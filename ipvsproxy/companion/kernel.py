@@ -49,6 +49,7 @@ from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
 from ipvsproxy.companion.sets import SetState
 from ipvsproxy.errors import KernelError
+from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.kernel import TOOLS, Commands
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
@@ -150,10 +151,18 @@ class Companion:
     # writes the sets over netlink instead of `ipset restore` (the same commands, see
     # nlwrite.py): the tool parses each entry with a libc lookup that costs ~4 ms in the VM
     writer: SetWriter | None = None
+    # nf_tables' generation id, read before each save of the chains: unchanged since the
+    # last save (and the tools are iptables-nft) -> the chains saved then still hold, and a
+    # resync runs no `iptables-save` (see iptables/generation.py). Opened by check(), in
+    # the namespace the tools run in (never with a `commands.prefix`).
+    generation: RulesetGeneration | None = None
+    _chains: tuple[int, Mapping[tuple[int, str], Saved]] | None = field(
+        default=None, init=False, repr=False
+    )  # (generation, chains) of the last save, when the tools are iptables-nft
 
     def close(self) -> None:
-        """Close the netlink sockets (reader, writer), if any."""
-        for sock in (self.reader, self.writer):
+        """Close the netlink sockets (reader, writer, generation), if any."""
+        for sock in (self.reader, self.writer, self.generation):
             if sock is not None:
                 sock.close()
 
@@ -165,16 +174,26 @@ class Companion:
             self.commands.run([TOOLS[6][0], "-t", "nat"])
         except KernelError:
             self.versions = (4,)
+        if self.generation is None and not self.commands.prefix:
+            self.generation = RulesetGeneration.open()
 
     def observe(self) -> Observed:
-        chains = {
-            (version, table): parse_save(
-                self.commands.run([TOOLS[version][0], "-t", table]), table=table, prefix=PREFIX
-            )
-            for version in self.versions
-            for table in TABLES
-        }
-        return Observed(self.observe_sets(), chains)
+        return Observed(self.observe_sets(), self.observe_chains())
+
+    def observe_chains(self) -> Mapping[tuple[int, str], Saved]:
+        """ipvsproxy's chains per (IP version, table): `iptables-save` per family and
+        table, unless nf_tables says no rule anywhere changed since the last save."""
+        generation = self.generation.current() if self.generation is not None else None
+        if generation is not None and self._chains and self._chains[0] == generation:
+            return self._chains[1]
+        chains, nft = {}, True
+        for version in self.versions:
+            for table in TABLES:
+                text = self.commands.run([TOOLS[version][0], "-t", table])
+                nft = nft and "(nf_tables)" in text[: text.find("\n") + 1]
+                chains[version, table] = parse_save(text, table=table, prefix=PREFIX)
+        self._chains = (generation, chains) if generation is not None and nft else None
+        return chains
 
     def observe_sets(self) -> SetState:
         """ipvsproxy's sets only: over netlink with a reader; else their names, then one

@@ -1,0 +1,95 @@
+"""nf_tables' generation against this host's kernel, in a throw-away network namespace: a
+save does not move it, any rule change does (another family's and another table's too), and
+the companion's chains are re-read, and their drift planned for repair, after a rule was
+added behind its back (the tools here are iptables-nft)."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from integration.lab import inside
+from ipvsproxy.companion.kernel import Companion, Observed, plan_companion
+from ipvsproxy.companion.rules import Options
+from ipvsproxy.companion.sets import wanted
+from ipvsproxy.iptables.generation import RulesetGeneration
+from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.model import IpvsState
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    name = f"ipvsp-g{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+def in_ns(ns: str, *args: str) -> str:
+    done = subprocess.run(["ip", "netns", "exec", ns, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_generation_moves_with_every_rule_change_and_only_then(ns: str) -> None:
+    if "nf_tables" not in in_ns(ns, "iptables", "-V"):
+        pytest.skip("the iptables tools here are not the nf_tables variant")
+    with inside(ns):
+        generation = RulesetGeneration.open()
+    try:
+        start = generation.current()
+        assert start is not None
+        in_ns(ns, "iptables-save")
+        in_ns(ns, "ip6tables-save")
+        assert generation.current() == start
+        in_ns(ns, "iptables", "-t", "nat", "-N", "SOMEONE")
+        moved = generation.current()
+        assert moved is not None
+        assert moved != start
+        in_ns(ns, "ip6tables", "-t", "filter", "-N", "ELSE")
+        assert generation.current() not in (None, moved)
+    finally:
+        generation.close()
+
+
+class Counting(Commands):
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "saves", [])
+
+    def run(self, args, *, stdin=None):
+        if args[0].endswith("-save"):
+            self.saves.append(list(args))  # type: ignore[attr-defined]
+        return super().run(args, stdin=stdin)
+
+
+def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(ns: str) -> None:
+    if "nf_tables" not in in_ns(ns, "iptables", "-V"):
+        pytest.skip("the iptables tools here are not the nf_tables variant")
+    commands = Counting()
+    with inside(ns):
+        companion = Companion(commands=commands)
+        companion.check()
+        try:
+            options, sets = Options(), wanted(IpvsState(), {})
+            companion.apply(companion.plan(sets))
+            seen = companion.observe()
+            assert not plan_companion(sets, seen, options, companion.versions)
+            saves = len(commands.saves)  # type: ignore[attr-defined]
+            for _ in range(3):
+                assert companion.observe_chains() == seen.chains
+            assert len(commands.saves) == saves  # type: ignore[attr-defined]
+            chain = next(c for (v, t), s in seen.chains.items() if v == 4 for c in s.chains)
+            table = next(t for (v, t), s in seen.chains.items() if v == 4 and chain in s.chains)
+            in_ns(ns, "iptables", "-t", table, "-A", chain, "-j", "RETURN")
+            drifted = Observed(seen.sets, companion.observe_chains())
+            assert len(commands.saves) > saves  # type: ignore[attr-defined]
+            repair = plan_companion(sets, drifted, options, companion.versions)
+            assert any(t == table for _, t, _ in repair.restores)
+        finally:
+            companion.close()
