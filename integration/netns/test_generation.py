@@ -93,3 +93,38 @@ def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(ns: str) -> N
             assert any(t == table for _, t, _ in repair.restores)
         finally:
             companion.close()
+
+
+def test_sets_are_decoded_again_only_when_their_dump_changed(
+    ns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ipvsproxy.companion import nlread
+
+    decoded: list[bytes] = []
+    real = nlread.decode_entry
+
+    def counting(data: bytes) -> str:
+        decoded.append(data)
+        return real(data)
+
+    monkeypatch.setattr(nlread, "decode_entry", counting)
+    name = "IPVSPROXY-TEST"
+    in_ns(ns, "ipset", "create", name, "hash:ip,port")
+    script = "".join(f"add {name} 10.0.0.{port % 7},tcp:{port}\n" for port in range(100))
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "ipset", "restore"], input=script, text=True, check=True
+    )
+    with inside(ns):
+        reader = nlread.SetReader()
+    try:
+        first = reader.observe().sets[name][2]
+        assert len(first) == 100
+        assert len(decoded) == 100
+        assert reader.observe().sets[name][2] == first
+        assert len(decoded) == 100  # the same bytes: nothing decoded
+        in_ns(ns, "ipset", "del", name, "10.0.0.0,tcp:0")  # the same count, other entries
+        in_ns(ns, "ipset", "add", name, "10.9.9.9,udp:53")
+        after = reader.observe().sets[name][2]
+        assert after == (first - {"10.0.0.0,tcp:0"}) | {"10.9.9.9,udp:53"}
+    finally:
+        reader.close()

@@ -147,6 +147,11 @@ class IpsetSocket:
 class SetReader(IpsetSocket):
     """Reads ipvsproxy's sets."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        # per set: the entry bytes of its last dump, and what they decoded to
+        self._decoded: dict[str, tuple[tuple[bytes, ...], frozenset[str]]] = {}
+
     def observe(self) -> SetState:
         """ipvsproxy's sets (name prefix `IPVSPROXY-`): type, family, maxelem, entries."""
         names = [n for n in self.names() if n.startswith(SET_PREFIX)]
@@ -154,8 +159,9 @@ class SetReader(IpsetSocket):
         maxelem: dict[str, int] = {}
         for name in names:
             kind, version, capacity, entries = self._one(name)
-            sets[name] = (kind, version, frozenset(entries))
+            sets[name] = (kind, version, entries)
             maxelem[name] = capacity
+        self._decoded = {name: self._decoded[name] for name in names if name in self._decoded}
         return SetState(sets, maxelem)
 
     def names(self) -> list[str]:
@@ -167,8 +173,12 @@ class SetReader(IpsetSocket):
                 found.append(name.rstrip(b"\0").decode())
         return found
 
-    def _one(self, name: str) -> tuple[str, int, int, list[str]]:
-        kind, version, capacity, entries = "", 4, 65536, []
+    def _one(self, name: str) -> tuple[str, int, int, frozenset[str]]:
+        """One set's type, family, maxelem and entries. The entries are decoded only when
+        the dump's entry bytes differ from the last dump of this set: a set nobody changed
+        dumps the same bytes (its hash table is walked in the same order), and a periodic
+        resync then costs the dump alone (5,500 entries: 0.8 s of decoding in the VM)."""
+        kind, version, capacity, blobs = "", 4, 65536, []
         for attrs in self._dump(IPSET_CMD_LIST, _attr(ATTR_SETNAME, name.encode() + b"\0")):
             if ATTR_TYPENAME in attrs:  # the first message; the others carry entries only
                 kind = attrs[ATTR_TYPENAME].rstrip(b"\0").decode()
@@ -177,5 +187,11 @@ class SetReader(IpsetSocket):
             header = dict(_attrs(attrs.get(ATTR_DATA, b"")))
             if ATTR_MAXELEM in header:
                 capacity = struct.unpack("!I", header[ATTR_MAXELEM])[0]
-            entries += [decode_entry(data) for _, data in _attrs(attrs.get(ATTR_ADT, b""))]
+            blobs.append(attrs.get(ATTR_ADT, b""))
+        raw = tuple(blobs)
+        last = self._decoded.get(name)
+        if last is not None and last[0] == raw:
+            return kind, version, capacity, last[1]
+        entries = frozenset(decode_entry(data) for blob in raw for _, data in _attrs(blob))
+        self._decoded[name] = (raw, entries)
         return kind, version, capacity, entries
