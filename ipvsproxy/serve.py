@@ -1,7 +1,9 @@
 """The agent's HTTP endpoints: health (`/healthz`, `/livez`) and Prometheus `/metrics`.
 
 Owns: `Health` (kube-proxy's meaning: unhealthy when a queued sync has not completed within
-2 x the sync period), `HttpServer` (a small threaded server for a few fixed routes), and
+2 x the sync period), `HttpServer` (a small threaded server for a few fixed routes: at most
+`workers` requests at once, each given `request_timeout` seconds in all, so a client that
+connects and sends nothing, or trickles, cannot hold a thread or pile up new ones), and
 `parse_bind_address`.
 
 Imports: errors, the standard library.
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address
+from typing import Any
 
 from ipvsproxy.errors import ConfigError
 
@@ -89,19 +92,36 @@ def parse_bind_address(text: str, *, option: str) -> tuple[str, int]:
 
 
 class HttpServer:
-    """Serves fixed routes from a daemon thread; `port` is the bound port (0 picks one)."""
+    """Serves fixed routes from a daemon thread; `port` is the bound port (0 picks one).
 
-    def __init__(self, address: tuple[str, int], routes: Mapping[str, Route]) -> None:
-        handler = _handler(dict(routes))
+    Bounded: at most `workers` handler threads; a connection that finds them all busy waits
+    (for at most `request_timeout`) and is then closed unanswered. Each request has
+    `request_timeout` seconds from its start to its end, whatever the client does.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        routes: Mapping[str, Route],
+        *,
+        workers: int = 8,
+        request_timeout: float = 5.0,
+    ) -> None:
+        handler = _handler(dict(routes), request_timeout)
         family_v6 = ":" in address[0]
-        server_class = _V6Server if family_v6 else ThreadingHTTPServer
+        server_class = _V6Server if family_v6 else _BoundedServer
         try:
-            self._server = server_class(address, handler)
+            self._server = server_class(
+                address, handler, workers=workers, request_timeout=request_timeout
+            )
         except OSError as exc:
             raise ConfigError(f"cannot listen on {address[0]}:{address[1]}: {exc}") from exc
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"http-{self.port}", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": _REAP_INTERVAL},
+            name=f"http-{self.port}",
+            daemon=True,
         )
 
     def start(self) -> HttpServer:
@@ -109,16 +129,101 @@ class HttpServer:
         return self
 
     def close(self) -> None:
+        self._server.closing.set()
         self._server.shutdown()
         self._server.server_close()
 
 
-class _V6Server(ThreadingHTTPServer):
+_REAP_INTERVAL = 0.1  # seconds between two looks for overdue requests
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer with a semaphore of `workers` slots and a deadline per request.
+
+    The accept loop (one thread) takes a slot before starting a handler thread, so there are
+    never more than `workers` of them; while it waits, further connections wait in the
+    listen backlog. Between polls it closes (shuts down) every request past its deadline:
+    the handler's blocked read or write then returns and its thread ends.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        workers: int,
+        request_timeout: float,
+    ) -> None:
+        if workers < 1 or request_timeout <= 0:
+            raise ValueError(f"need workers >= 1 ({workers}) and request_timeout > 0")
+        self.request_timeout = request_timeout
+        self.closing = threading.Event()
+        self._slots = threading.BoundedSemaphore(workers)
+        self._lock = threading.Lock()
+        self._deadlines: dict[socket.socket, float] = {}
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """In the accept loop: wait for a free slot, then handle in a thread of its own."""
+        give_up = time.monotonic() + self.request_timeout
+        while not self._slots.acquire(timeout=_REAP_INTERVAL):
+            self.service_actions()  # requests past their deadline free their slots
+            if self.closing.is_set() or time.monotonic() >= give_up:
+                log.debug("http: %d requests busy, closing a connection from %s",
+                          self._busy(), client_address)  # fmt: skip
+                self.shutdown_request(request)
+                return
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"http-{self.server_address[1]}-request",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # no thread could be started: refuse, keep serving
+            self._slots.release()
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            self._deadlines[request] = time.monotonic() + self.request_timeout
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                del self._deadlines[request]
+            self._slots.release()
+
+    def service_actions(self) -> None:
+        """Shut down the sockets of requests past their deadline (their threads then end)."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [sock for sock, deadline in self._deadlines.items() if deadline <= now]
+        for sock in overdue:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                continue
+
+    def _busy(self) -> int:
+        with self._lock:
+            return len(self._deadlines)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone or cut off at its deadline: not worth a traceback on stderr."""
+        log.debug("http: request from %s failed", client_address, exc_info=True)
+
+
+class _V6Server(_BoundedServer):
     address_family = socket.AF_INET6
 
 
-def _handler(routes: dict[str, Route]) -> type[BaseHTTPRequestHandler]:
+def _handler(routes: dict[str, Route], timeout_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # each socket operation (the whole request: see _BoundedServer.service_actions)
+        timeout = timeout_s
+
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
             route = routes.get(self.path.split("?", 1)[0])
             status, ctype, body = route() if route else (404, "text/plain", b"not found\n")
