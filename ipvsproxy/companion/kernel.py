@@ -50,7 +50,7 @@ from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, 
 from ipvsproxy.companion.sets import SetState
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables.generation import RulesetGeneration
-from ipvsproxy.iptables.kernel import TOOLS, Commands
+from ipvsproxy.iptables.kernel import TOOLS, Commands, restore_argv
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
 
@@ -212,7 +212,7 @@ class Companion:
         """Sets first (the rules match them), then rules, then unused sets. KernelError."""
         self._write(set_commands(plan.sets))
         for version, _table, payload in plan.restores:
-            self.commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
+            self.commands.run(restore_argv(version), stdin=payload)
         self._write(destroy_commands(plan.stale_sets))
 
     def _write(self, commands: list[SetCommand]) -> None:
@@ -248,7 +248,7 @@ class Companion:
             removed += [f"{tool} -t {table}: chain {c}" for c in sorted(saved.chains)]
             payload = removal(saved, table=table)
             if payload and not dry_run:
-                self.commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
+                self.commands.run(restore_argv(version), stdin=payload)
         names = sorted(observed.sets.sets)
         removed += [f"ipset {name}" for name in names]
         if not dry_run:

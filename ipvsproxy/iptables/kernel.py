@@ -51,6 +51,16 @@ from ipvsproxy.schedulers import IPTABLES_FIDELITY, IptablesFidelity
 log = logging.getLogger(__name__)
 
 TOOLS = {4: ("iptables-save", "iptables-restore"), 6: ("ip6tables-save", "ip6tables-restore")}
+# kube-proxy's values: wait up to 5 s for the xtables lock, polling every 100 ms. Without them
+# iptables-legacy's restore fails at once while the kubelet, a CNI plugin or Docker holds the
+# lock. iptables-save takes no -w (1.8.9, legacy and nf_tables: "invalid option"), and needs
+# none: legacy's save only reads, nf_tables has no lock.
+RESTORE_WAIT = ("-w", "5", "-W", "100000")
+
+
+def restore_argv(version: int) -> list[str]:
+    """`iptables-restore` (or ip6tables-) with the xtables lock wait and `--noflush`."""
+    return [TOOLS[version][1], *RESTORE_WAIT, "--noflush"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +201,7 @@ class IptablesKernel:
         return self._commands.run([TOOLS[version][0], "-t", "nat"])
 
     def _restore(self, version: int, payload: str) -> None:
-        self._commands.run([TOOLS[version][1], "--noflush"], stdin=payload)
+        self._commands.run(restore_argv(version), stdin=payload)
 
     def _supported(self, op: Op) -> None:
         version = _version(op)

@@ -233,3 +233,19 @@ def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
     commands.fed.clear()
     assert forget_udp(commands, []) == 0  # type: ignore[arg-type]
     assert commands.fed == []  # nothing to delete: no process
+
+
+def test_the_companion_restores_wait_for_the_xtables_lock():
+    """Every `iptables-restore` the companion runs (apply and cleanup) waits for the lock
+    as kube-proxy's does: `-w 5 -W 100000`."""
+    from ipvsproxy.companion.kernel import Companion, CompanionPlan
+
+    commands = RecordingCommands()
+    companion = Companion(commands=commands)  # type: ignore[arg-type]
+    companion.apply(CompanionPlan(restores=((4, "nat", "*nat\nCOMMIT\n"),)))
+    companion.apply(CompanionPlan(restores=((6, "filter", "*filter\nCOMMIT\n"),)))
+    restores = [args for args in commands.ran if args[0].endswith("tables-restore")]
+    assert restores == [
+        ["iptables-restore", "-w", "5", "-W", "100000", "--noflush"],
+        ["ip6tables-restore", "-w", "5", "-W", "100000", "--noflush"],
+    ]

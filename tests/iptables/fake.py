@@ -21,10 +21,12 @@ class ScriptedCommands(Commands):
     )
     calls: list[tuple[str, str]] = field(default_factory=list)  # (tool, payload)
     fail: set[str] = field(default_factory=set)  # tools that refuse (once each)
+    argv: list[tuple[str, ...]] = field(default_factory=list)  # every command line run
 
     def run(self, args, *, stdin=None) -> str:
         tool = args[0]
         self.calls.append((tool, stdin or ""))
+        self.argv.append(tuple(args))
         if tool in self.fail:
             self.fail.discard(tool)
             raise KernelError(f"{tool} failed: scripted")

@@ -178,3 +178,18 @@ def test_chains_of_the_previous_layout_are_replaced_by_one_sync():
     have = {c: tuple(f"-A {c} {r}" for r in rules)
             for c, rules in commands.tables[4].items() if c.startswith("IPVSPX-")}  # fmt: skip
     assert have == render(STATE, {}, version=4).chains
+
+
+def test_restores_wait_for_the_xtables_lock_as_kube_proxy_does():
+    """`-w 5 -W 100000` on every restore (apply, repair, cleanup); the save tools take no
+    -w (iptables 1.8.9 refuses it, legacy and nf_tables alike)."""
+    kernel, commands = loaded()
+    assert kernel.apply([UpdateDest(KEYS[0], replace(RS[1], weight=0))]).ok
+    kernel.cleanup()
+    restores = [argv for argv in commands.argv if argv[0].endswith("-restore")]
+    saves = [argv for argv in commands.argv if argv[0].endswith("-save")]
+    assert restores and saves
+    for argv in restores:
+        assert argv[1:] == ("-w", "5", "-W", "100000", "--noflush"), argv
+    for argv in saves:
+        assert "-w" not in argv, argv
