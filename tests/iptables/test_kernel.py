@@ -188,7 +188,8 @@ def test_restores_wait_for_the_xtables_lock_as_kube_proxy_does():
     kernel.cleanup()
     restores = [argv for argv in commands.argv if argv[0].endswith("-restore")]
     saves = [argv for argv in commands.argv if argv[0].endswith("-save")]
-    assert restores and saves
+    assert restores
+    assert saves
     for argv in restores:
         assert argv[1:] == ("-w", "5", "-W", "100000", "--noflush"), argv
     for argv in saves:
