@@ -26,6 +26,7 @@ from ipvsproxy.config import (
     Config,
     parse_cidrs,
     parse_duration,
+    parse_interface_name,
     parse_port_range,
     parse_scheduler,
 )
@@ -186,7 +187,7 @@ def make_config(opts: dict[str, Any]) -> Config:
         nodeport_range=parse_port_range(
             opts["service_node_port_range"], option="--service-node-port-range"
         ),
-        dummy_device=opts["dummy_device"],
+        dummy_device=parse_interface_name(opts["dummy_device"], option="--dummy-device"),
         backend=opts["backend"],
         fallback=not opts["no_fallback"],
         cluster_cidrs=cluster_cidrs,
@@ -208,6 +209,13 @@ def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, s
     }
     if mode in needs and not needs[mode][1]:
         raise ConfigError(f"--detect-local-mode {mode} needs {needs[mode][0]}")
+    for option, prefix in (
+        ("--pod-interface-name-prefix", True),
+        ("--pod-bridge-interface", False),
+    ):
+        name = opts[option[2:].replace("-", "_")]
+        if name:  # checked whenever given: it is written into iptables-restore input
+            parse_interface_name(name, option=option, prefix=prefix)
     interface = needs[mode][1] if mode in ("InterfaceNamePrefix", "BridgeInterface") else ""
     return cluster_cidrs, mode, interface
 

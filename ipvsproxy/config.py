@@ -77,6 +77,35 @@ def parse_port_range(text: str, *, option: str) -> tuple[int, int]:
     return lo, hi
 
 
+IFNAMSIZ = 16  # include/uapi/linux/if.h: names hold at most 15 bytes and a NUL
+# The kernel refuses "/" and ":"; iptables-restore's tokenizer reads quotes, backslash and "#" as
+# quoting, escaping or a comment, and iptables "!" as inversion: none in a name we write.
+_NOT_IN_NAMES = frozenset("/:\"'\\#!")
+
+
+def parse_interface_name(text: str, *, option: str, prefix: bool = False) -> str:
+    """An interface name checked as the kernel checks it (`dev_valid_name()`: 1 to 15 bytes,
+    not `.` or `..`, no `/`, `:` or whitespace), printable and free of what iptables-restore
+    would read as quoting, a comment or an inversion. A `prefix` becomes an iptables
+    wildcard (`veth` -> `-i veth+`): it is given without the `+`, and with it fits in
+    iptables' 15 characters. ConfigError naming the option otherwise."""
+    size = len(text.encode())
+    limit = IFNAMSIZ - 1 - (1 if prefix else 0)
+    what = "an interface name prefix" if prefix else "an interface name"
+    if not text:
+        raise ConfigError(f"{option}: must not be empty")
+    if size > limit:
+        raise ConfigError(f"{option}: {text!r} is {size} bytes; {what} holds at most {limit}")
+    if text in (".", ".."):
+        raise ConfigError(f"{option}: {text!r} is not a valid interface name")
+    bad = sorted({c for c in text if c in _NOT_IN_NAMES or c.isspace() or not c.isprintable()})
+    if bad:
+        raise ConfigError(f"{option}: {text!r} contains {''.join(bad)!r}, not allowed in {what}")
+    if prefix and text.endswith("+"):
+        raise ConfigError(f"{option}: give the prefix without the '+' ({text[:-1]!r})")
+    return text
+
+
 def parse_scheduler(text: str, *, option: str) -> Scheduler:
     try:
         return Scheduler(text.strip().lower())

@@ -214,3 +214,49 @@ def test_run_once_exit_codes(monkeypatch):
     result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
     assert result.exit_code == 0
     assert "applied 1 of 1 operations" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pod-interface-name-prefix", "a" * 15], "holds at most 14"),  # + the wildcard
+        (["--pod-interface-name-prefix", "veth+"], "without the '+'"),
+        (["--pod-interface-name-prefix", "veth -j ACCEPT"], "contains ' '"),
+        (["--pod-interface-name-prefix", "ve\nth"], "not allowed in an interface name prefix"),
+        (["--pod-interface-name-prefix", 'v"e'], "contains '\"'"),
+        (["--pod-interface-name-prefix", "!veth"], "contains '!'"),
+        (["--pod-interface-name-prefix", "é" * 8], "16 bytes"),  # bytes, not characters
+        (["--pod-bridge-interface", "a" * 16], "holds at most 15"),
+        (["--pod-bridge-interface", "cni/0"], "contains '/'"),
+        (["--pod-bridge-interface", "cni:0"], "contains ':'"),
+        (["--pod-bridge-interface", ".."], "not a valid interface name"),
+        (["--pod-bridge-interface", "br#0"], "contains '#'"),
+        (["--dummy-device", "kube ipvs0"], "--dummy-device"),
+    ],
+)
+def test_interface_names_are_checked_as_the_kernel_does_exit_2(args, message):
+    """Every interface name ipvsproxy writes into iptables-restore input (or gives the
+    kernel) is checked first: a clear one-line error and exit 2, never a traceback, for
+    `diff`, `run` and `cleanup` alike."""
+    mode = ["--detect-local-mode", "InterfaceNamePrefix"] if "prefix" in args[0] else []
+    for command in (
+        ["diff", "--manifests", str(EXAMPLE), "--kernel-state", str(STATE)],
+        ["run", "--once", "--manifests", str(EXAMPLE)],
+        ["cleanup", "--dry-run"],
+    ):
+        result = run(*command, *mode, *args)
+        assert result.exit_code == 2, (command, result.output)
+        assert args[0] in result.stderr
+        assert message in result.stderr
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "prefix"),
+    [("veth", True), ("a" * 14, True), ("cali", True), ("cni0", False), ("a" * 15, False),
+     ("br-1.2_x@y", False), ("é" * 7, True)],
+)  # fmt: skip
+def test_valid_interface_names_pass(name, prefix):
+    from ipvsproxy.config import parse_interface_name
+
+    assert parse_interface_name(name, option="--x", prefix=prefix) == name
