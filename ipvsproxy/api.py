@@ -205,8 +205,9 @@ def parse_service(obj: RawObject) -> ServiceView:
 def _service_type(value: object) -> ServiceType:
     if value is None:
         return ServiceType.CLUSTER_IP
+    text = _str(value, "spec.type")
     try:
-        return ServiceType(_str(value, "spec.type"))
+        return ServiceType(text)
     except ValueError:
         raise _bad("spec.type", value, f"is not one of {[t.value for t in ServiceType]}") from None
 
@@ -217,8 +218,9 @@ def _source_ranges(spec: RawObject) -> tuple[IPNetwork, ...]:
         _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
     ):
         where = f"spec.loadBalancerSourceRanges[{i}]"
+        text = _str(text, where)
         try:
-            ranges.append(ip_network(_str(text, where).strip(), strict=False))
+            ranges.append(ip_network(text.strip(), strict=False))
         except ValueError:
             raise _bad(where, text, "is not a CIDR") from None
     return tuple(ranges)
@@ -425,8 +427,9 @@ def parse_node(obj: RawObject) -> NodeView:
     pod_cidrs = []
     for i, text in enumerate(_list(cidrs, where)):
         at = f"{where}[{i}]" if where == "spec.podCIDRs" else where
+        text = _str(text, at)
         try:
-            pod_cidrs.append(ip_network(_str(text, at), strict=False))
+            pod_cidrs.append(ip_network(text, strict=False))
         except ValueError:
             raise _bad(at, text, "is not a CIDR") from None
     return NodeView(name, tuple(addresses), labels, tuple(pod_cidrs))

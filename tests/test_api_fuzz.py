@@ -8,14 +8,32 @@ then hypothesis substitutes arbitrary JSON values into every field the parser re
 
 from __future__ import annotations
 
+import ast
+import copy
+import datetime as dt
 import json
+import re
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from ipvsproxy.api import parse_objects
+from ipvsproxy.api import (
+    EndpointSliceView,
+    Malformed,
+    NodeView,
+    Parsed,
+    ServiceView,
+    describe,
+    parse_node,
+    parse_objects,
+    parse_service,
+    parse_slice,
+)
 from ipvsproxy.cli import main
+from ipvsproxy.sync import tracker
 from tests.factories import ep, node, port, service, slice_
 
 # ---- the shapes that raised before -------------------------------------------------------
@@ -57,6 +75,33 @@ def test_a_wrongly_shaped_field_is_a_warning_naming_object_and_field(obj, warnin
     assert [s.name for s in parsed.services] == ["other"]
 
 
+# Shapes that did not raise but were misread: now warnings too.
+MISREAD = {
+    "a condition as a string": (
+        slice_(endpoints=[{"addresses": ["10.244.0.1"], "conditions": {"ready": "false"}}]),
+        "EndpointSlice default/web-abcde: endpoints[0].conditions.ready: "
+        "expected true, false or null, got str",
+    ),
+    "a source range as a number": (
+        _lb(loadBalancerSourceRanges=[5]),
+        "Service default/web: spec.loadBalancerSourceRanges[0]: expected a string, got int",
+    ),
+    "a scoped IPv6 cluster IP": (
+        service("web", cluster_ips=("fe80::1%eth0",)),
+        "Service default/web: spec.clusterIPs[0] 'fe80::1%eth0' is not an IP address",
+    ),
+    "a pod CIDR as a number": (
+        {**node("node-a"), "spec": {"podCIDRs": [10]}},
+        "Node node-a: spec.podCIDRs[0]: expected a string, got int",
+    ),
+}
+
+
+@pytest.mark.parametrize(("obj", "warning"), MISREAD.values(), ids=MISREAD.keys())
+def test_a_misread_shape_is_a_warning_naming_object_and_field(obj, warning):
+    assert parse_objects([obj]).warnings == (f"skipping malformed {warning}",)
+
+
 @pytest.mark.parametrize(("obj", "warning"), REGRESSIONS.values(), ids=REGRESSIONS.keys())
 def test_diff_warns_and_plans_the_rest_instead_of_a_traceback(tmp_path, obj, warning):
     other = service("other", cluster_ips=("10.96.0.99",))
@@ -75,3 +120,243 @@ def test_diff_warns_and_plans_the_rest_instead_of_a_traceback(tmp_path, obj, war
     assert result.exit_code == 1, result.output
     assert warning in result.stderr
     assert "10.96.0.99:80" in result.stdout
+
+
+# ---- every field, any JSON value -----------------------------------------------------------
+#
+# Complete objects that use every field the parser reads (a dual-stack LoadBalancer with
+# affinity, source ranges and an ingress; a slice with conditions; a node with pod CIDRs).
+# Each test picks one position in such an object (a field, or a whole subtree such as
+# `spec` or `spec.ports[0]`), puts an arbitrary value there or deletes it, and parses.
+
+SERVICE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {
+        "name": "web",
+        "namespace": "default",
+        "labels": {"app": "web", "service.kubernetes.io/service-proxy-name": "ipvsproxy"},
+        "annotations": {"ipvsproxy.io/scheduler": "lc"},
+    },
+    "spec": {
+        "type": "LoadBalancer",
+        "clusterIP": "10.96.0.10",
+        "clusterIPs": ["10.96.0.10", "fd00:96::10"],
+        "ports": [
+            {"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30080},
+            {"name": "dns", "protocol": "UDP", "port": 53, "targetPort": "dns", "nodePort": 30053},
+        ],
+        "externalIPs": ["192.0.2.10"],
+        "externalTrafficPolicy": "Local",
+        "internalTrafficPolicy": "Cluster",
+        "sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+        "loadBalancerSourceRanges": ["203.0.113.0/24"],
+    },
+    "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10", "ipMode": "VIP"}]}},
+}
+SLICE: dict[str, Any] = {
+    "apiVersion": "discovery.k8s.io/v1",
+    "kind": "EndpointSlice",
+    "metadata": {
+        "name": "web-abcde",
+        "namespace": "default",
+        "labels": {"kubernetes.io/service-name": "web"},
+        "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2024-01-01T00:00:00Z"},
+    },
+    "addressType": "IPv4",
+    "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+    "endpoints": [
+        {
+            "addresses": ["10.244.0.1"],
+            "conditions": {"ready": True, "serving": True, "terminating": False},
+            "nodeName": "node-a",
+        }
+    ],
+}
+NODE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Node",
+    "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "a"}},
+    "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24", "fd00:244::/64"]},
+    "status": {
+        "addresses": [
+            {"type": "InternalIP", "address": "192.168.0.10"},
+            {"type": "Hostname", "address": "node-a"},
+        ]
+    },
+}
+PARSERS = {
+    "Service": (parse_service, ServiceView),
+    "EndpointSlice": (parse_slice, EndpointSliceView),
+    "Node": (parse_node, NodeView),
+}
+OBJECTS = {"Service": SERVICE, "EndpointSlice": SLICE, "Node": NODE}
+
+Path = tuple[str | int, ...]
+
+
+def positions(value: object, path: Path = ()) -> list[Path]:
+    """Every field, list item and subtree of a raw object (not the object itself)."""
+    out: list[Path] = [path] if path else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out += positions(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            out += positions(item, (*path, index))
+    return out
+
+
+def field_path(field: str) -> Path:
+    """`spec.ports[0].name` or `metadata.labels['app']` as a path: ("spec", "ports", 0, ...)."""
+    out: list[str | int] = []
+    for index, quoted, name in re.findall(
+        r"\[(\d+)\]|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]|([^.\[\]]+)", field
+    ):
+        out.append(int(index) if index else ast.literal_eval(quoted) if quoted else name)
+    return tuple(out)
+
+
+# Interesting strings: valid values of some field (so a substitution may be valid elsewhere
+# than its own field), look-alikes (non-ASCII digits, which str.isdigit() accepts and int()
+# may refuse), and the empty string.
+WORDS = st.sampled_from(
+    ["", " ", "None", "ClientIP", "Local", "Cluster", "LoadBalancer", "ExternalName", "NodePort",
+     "TCP", "SCTP", "tcp", "IPv4", "IPv6", "FQDN", "Proxy", "InternalIP", "http", "dns",
+     "10.96.0.10", "fd00:96::10", "fe80::1%eth0", "10.0.0.0/8", "10.0.0.1/33", "::/0",
+     "8080", "0", "65536", "²", "٣", "１２", "80\x00", "kubernetes.io/service-name"]
+)  # fmt: skip
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([0, 1, -1, 80, 65535, 65536, 86400, 86401, 2**64])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
+    | st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=3)  # "²", "٣"
+    | WORDS
+)
+# what YAML manifests add to JSON's types (PyYAML's SafeLoader: !!timestamp, !!binary, !!set)
+YAML_SCALARS = st.dates() | st.datetimes() | st.binary(max_size=8)
+KEYS = st.sampled_from(sorted({str(p[-1]) for o in OBJECTS.values() for p in positions(o)}))
+VALUES = st.recursive(
+    SCALARS | YAML_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(KEYS | st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+ABSENT = object()  # the key deleted
+
+
+def substituted(obj: dict[str, Any], path: Path, value: object) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    parent: Any = out
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is ABSENT:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return out
+
+
+def related(field: Path, path: Path) -> bool:
+    """Whether an error in `field` can be due to a change at `path`: the same field, one
+    inside it (a subtree was replaced) or around it (`spec.ports`: duplicate names)."""
+    common = min(len(field), len(path))
+    return field[:common] == path[:common] or (
+        # a slice's addressType decides which address family its endpoints must have
+        path == ("addressType",) and field[0] == "endpoints"
+    )
+
+
+def check(kind: str, obj: dict[str, Any], path: Path | None) -> None:
+    """parse_<kind> returns a view or raises Malformed naming a field (related to `path`,
+    when the object was changed there); parse_objects and the tracker skip the object with
+    a warning naming the object and the field."""
+    parse, view_type = PARSERS[kind]
+    error: Malformed | None = None
+    try:
+        view = parse(obj)
+    except Malformed as exc:  # anything else fails the test
+        error = exc
+    if error is None:
+        assert isinstance(view, view_type)
+        assert parse_objects([obj]).warnings == ()
+        assert tracker.parse(kind, obj).view == view
+        return
+    field = error.field
+    assert str(error).startswith(field), (str(error), field)
+    assert field_path(field), field
+    if path is not None:
+        assert related(field_path(field), path), (field, path, str(error))
+    warning = f"skipping malformed {kind} {describe(obj)}: {error}"
+    assert parse_objects([obj]).warnings == (warning,)
+    assert tracker.parse(kind, obj).warning == warning
+
+
+@pytest.mark.parametrize("kind", OBJECTS)
+def test_the_complete_objects_parse(kind):
+    _, view_type = PARSERS[kind]
+    assert isinstance(PARSERS[kind][0](OBJECTS[kind]), view_type)
+
+
+FIELDS = [(kind, path) for kind, obj in OBJECTS.items() for path in positions(obj)]
+# One value of each shape, tried in every field (hypothesis may not draw each one there).
+EDGES = [ABSENT, None, True, False, 0, -1, 80, 2**64, 1.5, float("nan"), "", "x", "²", "٣",
+         "80", "10.96.0.10", [], [None], ["x"], [{}], {}, {"x": 1}, {1: "x"}, {"ip": None},
+         b"\x00", dt.date(2024, 1, 1), {"a"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", EDGES, ids=repr)
+def test_every_shape_in_every_field_is_a_view_or_a_warning_naming_the_field(value):
+    for kind, path in FIELDS:
+        check(kind, substituted(OBJECTS[kind], path, value), path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"), FIELDS, ids=[f"{kind}:{'.'.join(map(str, p))}" for kind, p in FIELDS]
+)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=st.just(ABSENT) | VALUES)
+def test_any_value_in_any_field_is_a_view_or_a_warning_naming_the_field(kind, path, value):
+    check(kind, substituted(OBJECTS[kind], path, value), path)
+
+
+# Whole objects of random shape, built from the parser's own field names so that the random
+# trees reach deep (a `spec` holding `ports` holding objects with `port`...).
+SHAPES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=5),
+    max_leaves=25,
+)
+
+
+@pytest.mark.parametrize("kind", OBJECTS)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(KEYS, SHAPES, max_size=6))
+def test_an_object_of_any_shape_is_a_view_or_a_warning_naming_a_field(kind, body):
+    check(kind, {**body, "kind": kind}, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(objects=st.lists(VALUES, max_size=4))
+def test_parse_objects_takes_any_list_of_values(objects):
+    parsed = parse_objects(objects)  # nothing with a kind: ignored
+    assert parsed == Parsed()
+
+
+@settings(max_examples=100, deadline=None)
+@given(obj=VALUES, event=st.sampled_from(["ADDED", "MODIFIED", "DELETED"]))
+def test_the_tracker_takes_any_event_object(obj, event):
+    """A watch event's object is whatever the API server sent: never an exception."""
+    store = tracker.Tracker()
+    for kind in OBJECTS:
+        store.event(kind, event, obj)
+        assert not store.views(kind)
+    if not isinstance(obj, dict) and event != "DELETED":
+        got = type(obj).__name__
+        want = tuple(f"skipping {kind}: expected an object, got {got}" for kind in OBJECTS)
+        assert store.take().warnings == want

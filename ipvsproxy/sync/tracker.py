@@ -79,17 +79,20 @@ class Parsed:
 def parse(kind: str, obj: RawObject) -> Parsed:
     """Parse a raw object of `kind` (pure; a watcher may call it before handing it over, so
     a large list never holds every raw object at once)."""
+    if not isinstance(obj, Mapping):
+        kind_of = type(obj).__name__
+        return Parsed(("", ""), None, f"skipping {kind}: expected an object, got {kind_of}")
     key = _key(obj)
     try:
         view = _PARSERS[kind](obj)
-    except (Malformed, TypeError, ValueError, AttributeError, KeyError) as exc:
+    except Malformed as exc:  # the only error the parsers raise (tests/test_api_fuzz.py)
         return Parsed(key, None, f"skipping malformed {kind} {describe(obj)}: {exc}")
     trigger = (_annotation(obj, TRIGGER_TIME) or "") if kind == SLICE else ""
     return Parsed(key, view, trigger=trigger)
 
 
 def _key(obj: RawObject) -> Ref:
-    meta = obj.get("metadata")
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     if not isinstance(meta, Mapping):
         return ("", "")
     namespace, name = meta.get("namespace"), meta.get("name")
