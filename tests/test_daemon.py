@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from ipvsproxy.config import Config
-from ipvsproxy.daemon import SyncPass
+from ipvsproxy.daemon import DRAIN_POLL, SyncPass
 from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
@@ -99,26 +99,93 @@ def test_tracker_events_and_change_callbacks():
     assert agent.tracker.counts() == {SERVICE: 0, SLICE: 1}
 
 
-def test_failed_operation_is_retried_sooner_and_reported():
+class Clock:
+    """One fake clock for the sync pass and its runner: no sleeping, exact times."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def driven_agent() -> tuple[Agent, Runner, Clock]:
+    """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
+    clock = Clock()
     agent = Agent()
+    agent.sync = SyncPass(
+        kernel=agent.kernel,
+        config=CONFIG,
+        tracker=agent.tracker,
+        metrics=agent.metrics,
+        health=agent.health,
+        clock=clock,
+    )
+    runner = Runner(agent.sync, min_interval=0, max_interval=CONFIG.sync_period, clock=clock)
+    agent.sync.runner = runner
+    return agent, runner, clock
+
+
+def next_run(runner: Runner, clock: Clock) -> float:
+    """Seconds from now until the runner's next run is due."""
+    return runner.due(clock.now) - clock.now
+
+
+def test_failed_operation_is_retried_after_1_2_4_s_up_to_the_period_and_reported():
+    """Issue 14: the old test asserted `due(now) <= now + 1.5` on a runner that never ran,
+    true whether or not the sync pass asks for a retry. Here the runner runs the pass."""
+    agent, runner, clock = driven_agent()
     agent.feed(service("web"), web_slice())
-    agent.sync()
+    assert runner.run_if_due() == 0  # the first run is due at once: programs the Service
+    assert next_run(runner, clock) == CONFIG.sync_period  # all done: the next in 30 s
     vs = next(iter(agent.kernel.state.services.values()))
-    agent.kernel.state = type(agent.kernel.state)({}, {})  # someone flushed the table
-    agent.kernel.errors[AddService(vs)] = KernelError("boom")
-    runner = agent.sync.runner
-    assert runner is not None
-    runner.run_if_due()  # the runner just ran: its next periodic run is 30 s away
-    agent.sync.request_full()  # the periodic full pass sees the flush
-    agent.sync()
+    flushed = type(agent.kernel.state)({}, {})
+    agent.kernel.state = flushed  # someone flushed the table
+    clock.now += CONFIG.sync_period  # the periodic full pass sees the flush ...
+    agent.kernel.errors[AddService(vs)] = KernelError("boom")  # ... and its repair fails
+    assert runner.run_if_due() == 0
     assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
     assert sample(agent.metrics, "ipvsproxy_kernel_operations_total", kind="AddService",
                   result="failed") == 1  # fmt: skip
-    now = time.monotonic()
-    assert runner.due(now) <= now + 1.5  # retried after 1 s, not at the next period
-    agent.sync()  # a partial pass: the failed virtual server is looked at again
+    assert next_run(runner, clock) == 1  # retried after 1 s, not at the next period
+    clock.now += 1
+    observations = agent.kernel.observations
+    assert runner.run_if_due() == 0  # a partial pass: the failed virtual server again
     assert agent.kernel.state.services  # the retry repaired it
-    assert agent.kernel.observations == 2  # without observing the kernel again
+    assert agent.kernel.observations == observations  # without observing the kernel again
+    assert next_run(runner, clock) == CONFIG.sync_period  # all done: no early retry
+
+    agent.kernel.state = flushed
+    clock.now += CONFIG.sync_period
+    delays = []
+    for _ in range(7):  # failing again and again
+        agent.kernel.errors[AddService(vs)] = KernelError("boom")
+        assert runner.run_if_due() == 0
+        delays.append(next_run(runner, clock))
+        clock.now += delays[-1]
+    assert delays == [1, 2, 4, 8, 16, 30, 30]  # backoff, capped at the sync period
+    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 8
+
+
+def test_a_pass_with_draining_endpoints_asks_to_be_run_again_in_a_second():
+    agent, runner, clock = driven_agent()
+    agent.feed(service("web"), web_slice("10.244.0.1", "10.244.0.2"))
+    runner.run_if_due()
+    (key,) = agent.kernel.state.services
+    gone = next(rs for rs in agent.kernel.state.dests[key] if str(rs.address) == "10.244.0.2")
+    agent.kernel.conns[key] = {gone: (1, 0)}  # an open connection holds the drain
+    agent.tracker.event(SLICE, "MODIFIED", web_slice("10.244.0.1"))
+    runner.request()
+    clock.now += 5
+    assert runner.run_if_due() == 0
+    assert agent.sync.last is not None
+    assert agent.sync.last.sync.draining == 1
+    assert next_run(runner, clock) == DRAIN_POLL
+    agent.kernel.conns[key] = {gone: (0, 0)}
+    clock.now += DRAIN_POLL
+    assert runner.run_if_due() == 0  # the poll: the connection is gone, so is the endpoint
+    assert agent.sync.last.sync.draining == 0
+    assert next_run(runner, clock) == CONFIG.sync_period  # drained: no more polling
 
 
 def test_a_kernel_contradicting_the_table_makes_the_next_pass_full():
