@@ -54,7 +54,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.sync.desired import node_warnings, translate_service
+from ipvsproxy.sync.desired import Access, node_warnings, translate_service
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.engine import Planned, SyncResult, apply_pass, plan_pass
 from ipvsproxy.sync.index import DesiredIndex
@@ -160,6 +160,8 @@ class Pipeline:
     _observed_once: bool = False
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
     _sets: SetIndex | None = None  # the companion's sets, kept per virtual server
+    # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
+    _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
 
     def feed(self, changes: Changes) -> None:
         """Translate the changed Services into the desired state."""
@@ -234,9 +236,8 @@ class Pipeline:
         if self.companion is None or self.node is None:
             return plan
         self.companion.options = options_for(self.config, self.node)
-        sets = self._set_index()
-        try:  # every set from scratch, against what the host holds (sets and chains)
-            sets.reset(ipvs.state, desired.access, local=desired.local_endpoints)
+        try:  # every set, against what the host holds (sets and chains)
+            sets = self._refreshed_sets(ipvs, desired.access, desired.local_endpoints)
             seen = self.companion.observe()
             wanted = plan_companion(
                 sets.wanted(), seen, self.companion.options, self.companion.versions
@@ -244,6 +245,28 @@ class Pipeline:
             return replace(plan, companion=wanted, companion_seen=seen)
         except KernelError as exc:
             return replace(plan, companion_error=str(exc))
+
+    def _refreshed_sets(
+        self, ipvs: Planned, access: Mapping[VSKey, Access], local: frozenset[IPAddress]
+    ) -> SetIndex:
+        """The set index brought up to the whole desired state of a full pass. From scratch
+        the first time and when this node's endpoints or the bound addresses changed (they
+        shape every virtual server's entries); otherwise only the virtual servers that may
+        have changed since it was last brought up: those fed since the last pass or whose
+        last operation failed (`_keys`), those this plan touches (drift repaired, drains
+        ended), and those gone. An idle resync at 1000 Services then recomputes no entry."""
+        sets = self._set_index()
+        state = ipvs.state
+        basis = (frozenset(state.bound), local)
+        if basis != self._sets_basis:
+            sets.reset(state, access, local=local)
+            self._sets_basis = basis
+            return sets
+        keys = set(self._keys)
+        keys |= _touched(ipvs.plan)[0]
+        keys |= sets.keys().difference(state.services)
+        sets.update_from(keys, state, access, local=local)
+        return sets
 
     def _set_index(self) -> SetIndex:
         assert self.companion is not None
@@ -303,10 +326,15 @@ class Pipeline:
 
 def _retry_set(report: ApplyReport) -> tuple[set[VSKey], set[IPAddress]]:
     """What the next partial pass must look at again: whatever a failed operation touched."""
+    return _touched(failure.op for failure in report.failures)
+
+
+def _touched(ops: Iterable[Op]) -> tuple[set[VSKey], set[IPAddress]]:
+    """The virtual servers and addresses these operations touch."""
     keys: set[VSKey] = set()
     addresses: set[IPAddress] = set()
-    for failure in report.failures:
-        match failure.op:
+    for op in ops:
+        match op:
             case AddService(vs) | UpdateService(vs):
                 keys.add(vs.key)
             case DeleteService(key) | AddDest(key, _) | UpdateDest(key, _) | DeleteDest(key, _):
