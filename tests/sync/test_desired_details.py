@@ -18,7 +18,7 @@ from ipvsproxy.api import (
 from ipvsproxy.config import Config
 from ipvsproxy.model import Proto
 from ipvsproxy.schedulers import Scheduler
-from ipvsproxy.sync.desired import Access, Reach, translate_service
+from ipvsproxy.sync.desired import Access, Contribution, Reach, translate_service
 from tests.factories import ep, node, port, service, slice_, translate
 from tests.sync.test_desired import BOTH, LOCAL, WEB_SLICE, R, S, V
 
@@ -169,6 +169,9 @@ def test_a_headless_service_contributes_no_local_endpoint():
     desired = translate(headless, slice_("db", endpoints=[ep("10.244.1.1")]), node())
     assert desired.state.services == {}
     assert desired.local_endpoints == frozenset()
+    # the parser keeps no ports of a headless Service; the translation does not rely on it
+    view = ServiceView("default", "db", headless=True, ports=(HTTP,))
+    assert translate_service(view, [db_slice()], NodeView("node-a"), NODE_A) == Contribution()
 
 
 def test_with_its_node_present_the_translation_warns_of_nothing():
@@ -184,16 +187,23 @@ def test_without_its_node_the_warning_says_what_to_set():
 
 def test_fqdn_slices_are_ignored_even_with_endpoints():
     """The parser gives FQDN slices no endpoints; the translation does not rely on it."""
-    http = ServicePortView("http", Proto.TCP, 80)
-    svc = ServiceView("default", "web", cluster_ips=(ip_address("10.96.0.10"),), ports=(http,))
-    fqdn = EndpointSliceView(
-        "default",
-        "web-fqdn",
-        "web",
-        "FQDN",
-        (EndpointPortView("http", Proto.TCP, 8080),),
-        (EndpointView(ip_address("10.244.1.1")),),
-    )
-    contribution = translate_service(svc, [fqdn], NodeView("node-a"), Config(node_name="node-a"))
+    svc = ServiceView("default", "db", cluster_ips=(ip_address("10.96.0.10"),), ports=(HTTP,))
+    contribution = translate_service(svc, [db_slice("FQDN")], NodeView("node-a"), NODE_A)
     (entry,) = contribution.entries.values()
     assert entry.dests == {}
+
+
+HTTP = ServicePortView("http", Proto.TCP, 80)
+NODE_A = Config(node_name="node-a")
+
+
+def db_slice(address_type: str = "IPv4") -> EndpointSliceView:
+    """A parsed slice of Service default/db with one endpoint on node-a."""
+    return EndpointSliceView(
+        "default",
+        "db-1",
+        "db",
+        address_type,
+        (EndpointPortView("http", Proto.TCP, 8080),),
+        (EndpointView(ip_address("10.244.1.1"), node_name="node-a"),),
+    )
