@@ -2,7 +2,10 @@
 
 Owns: `open_backend()` (`--backend ipvs|iptables|auto`: auto probes IPVS for real, with the
 configured scheduler, and falls back to iptables loudly: a WARNING that says why, the
-reason kept for /healthz and the metric, or, with `--no-fallback`, `FallbackRefused`),
+reason kept for /healthz and the metric, or, with `--no-fallback`, `FallbackRefused`; with
+IPVS, the companion rules opened and checked at once: without their tools the node refuses
+to start, `CompanionUnavailable`, unless `--allow-no-companion-rules` says to go on without
+them), `companion_for()`,
 `prepare()` (the node settings the backend needs), `remove_leftovers()` (when the backend
 changed between runs, the other one's objects go) and `cleanup()` (everything ipvsproxy
 owns in both backends, and nothing else).
@@ -40,6 +43,17 @@ IPVS, IPTABLES = "ipvs", "iptables"
 BACKENDS = (IPVS, IPTABLES)
 
 
+LOST_WITHOUT_COMPANION = (
+    "no VIP port filter, no loadBalancerSourceRanges, no masquerade (Services then work "
+    "only for clients on this node)"
+)
+
+
+class CompanionUnavailable(KernelUnavailable):
+    """IPVS is usable but the companion rules are not (a tool missing): refusing to start,
+    since IPVS alone fails open (no source ranges, no VIP port filter)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     """The kernel backend in use and why."""
@@ -48,6 +62,8 @@ class Backend:
     name: str  # "ipvs" or "iptables"
     reason: str
     fallback: bool = False  # iptables because IPVS is not usable here
+    companion: Companion | None = None  # IPVS: its companion rules (None: none)
+    companion_missing: str = ""  # IPVS without them (--allow-no-companion-rules): why
 
     @property
     def detail(self) -> dict[str, object]:
@@ -55,25 +71,29 @@ class Backend:
         detail: dict[str, object] = {"backend": self.name, "backendReason": self.reason}
         if self.fallback:
             detail["fallback"] = True
+        if self.companion_missing:
+            detail["companionRules"] = f"disabled: {self.companion_missing}"
         return detail
 
 
 @contextmanager
 def open_backend(config: Config) -> Iterator[Backend]:
-    """The backend `config.backend` asks for; KernelUnavailable (FallbackRefused) if none."""
+    """The backend `config.backend` asks for; KernelUnavailable (FallbackRefused) if none,
+    CompanionUnavailable for IPVS without the companion's tools. The companion, if any,
+    is closed at the end."""
     if config.backend == IPTABLES:
         yield Backend(_iptables(), IPTABLES, "--backend iptables")
         return
     if config.backend == IPVS:
-        with _ipvs(config) as kernel:
-            yield Backend(kernel, IPVS, "--backend ipvs")
+        with _ipvs_backend(config, "--backend ipvs") as backend:
+            yield backend
         return
     from ipvsproxy.netlink.probe import probe
 
     result = probe(config.scheduler)
     if result.usable:
-        with _ipvs(config) as kernel:
-            yield Backend(kernel, IPVS, result.reason)
+        with _ipvs_backend(config, result.reason) as backend:
+            yield backend
         return
     if not config.fallback:
         raise FallbackRefused(
@@ -86,6 +106,19 @@ def open_backend(config: Config) -> Iterator[Backend]:
         result.reason,
     )
     yield Backend(_iptables(), IPTABLES, f"IPVS is not usable: {result.reason}", fallback=True)
+
+
+@contextmanager
+def _ipvs_backend(config: Config, reason: str) -> Iterator[Backend]:
+    """IPVS with its companion rules, both checked before anything on the node changes
+    (opening them changes nothing)."""
+    with _ipvs(config) as kernel:
+        companion, missing = _companion(config)
+        try:
+            yield Backend(kernel, IPVS, reason, companion=companion, companion_missing=missing)
+        finally:
+            if companion is not None:
+                companion.close()
 
 
 def prepare(backend: Backend, config: Config) -> None:
@@ -149,20 +182,16 @@ def cleanup(config: Config, *, dry_run: bool) -> list[str]:
 
 @contextmanager
 def companion_for(backend: Backend) -> Iterator[Companion | None]:
-    """The companion rules for the IPVS backend (None on iptables, or without the tools:
-    then IPVS serves only clients on this node, and that is logged as an error); its
-    netlink sockets are closed at the end."""
-    companion = _companion(backend)
-    try:
-        yield companion
-    finally:
-        if companion is not None:
-            companion.close()
+    """The companion rules of the IPVS backend (None on iptables, and on IPVS run with
+    `--allow-no-companion-rules` on a node without their tools). `open_backend()` opened
+    and checked them, and closes them."""
+    yield backend.companion
 
 
-def _companion(backend: Backend) -> Companion | None:
-    if backend.name != IPVS:
-        return None
+def _companion(config: Config) -> tuple[Companion | None, str]:
+    """The companion rules, checked: (companion, "") when usable. Without a tool they need:
+    CompanionUnavailable naming it, or, with `config.allow_no_companion`, (None, why) and
+    an ERROR saying what is lost."""
     try:  # the sets read over netlink: `ipset save` is slow where /etc is (see nlread.py)
         reader: SetReader | None = SetReader()
     except KernelError as exc:
@@ -177,14 +206,20 @@ def _companion(backend: Backend) -> Companion | None:
     try:
         companion.check()
     except KernelError as exc:
-        log.error(
-            "companion iptables rules unavailable (%s): no masquerading, hairpin, VIP "
-            "filtering or source ranges; Services work only for clients on this node",
-            exc,
-        )
         companion.close()
-        return None
-    return companion
+        why = f"the companion iptables/ipset rules cannot be used: {exc}"
+        if not config.allow_no_companion:
+            raise CompanionUnavailable(
+                f"{why}; IPVS without them would mean {LOST_WITHOUT_COMPANION}. Install "
+                "the missing tool, or pass --allow-no-companion-rules to run without them"
+            ) from exc
+        log.error(
+            "%s; running without them as --allow-no-companion-rules asks: %s",
+            why,
+            LOST_WITHOUT_COMPANION,
+        )
+        return None, str(exc)
+    return companion, ""
 
 
 def _companion_cleanup(*, dry_run: bool) -> list[str]:

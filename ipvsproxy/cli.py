@@ -3,7 +3,8 @@
 Exit codes are API: `diff` exits 0 in sync, 1 with changes pending, 2 on any error (with a
 one-line message, never a traceback). `run` exits 0 when every operation was applied, 1 when
 some failed, 2 on bad input, 3 when it cannot start (no usable kernel backend), 4 when IPVS
-is not usable and `--no-fallback` forbids the iptables fallback.
+is not usable and `--no-fallback` forbids the iptables fallback, 5 when IPVS is usable but
+a tool of its companion rules is missing (and `--allow-no-companion-rules` was not given).
 
 Imports: click (only here), config, agent, errors.
 """
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import click
 
 from ipvsproxy import __version__, agent
+from ipvsproxy.backends import CompanionUnavailable
 from ipvsproxy.config import (
     Config,
     parse_cidrs,
@@ -39,6 +41,7 @@ EXIT_FAILED_OPS = 1
 EXIT_ERROR = 2
 EXIT_STARTUP_FAILURE = 3
 EXIT_NO_FALLBACK = 4
+EXIT_NO_COMPANION = 5
 log = logging.getLogger("ipvsproxy")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -168,6 +171,13 @@ def node_options(func: F) -> F:
             is_flag=True,
             help="With --backend auto: exit (status 4) instead of falling back to iptables.",
         ),
+        click.option(
+            "--allow-no-companion-rules",
+            is_flag=True,
+            help="With IPVS: start even when a tool of the companion rules (iptables-save, "
+            "iptables-restore, ipset) is missing, which is otherwise refused (exit 5). "
+            "Then there is no VIP port filter, no loadBalancerSourceRanges, no masquerade.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -190,6 +200,7 @@ def make_config(opts: dict[str, Any]) -> Config:
         dummy_device=parse_interface_name(opts["dummy_device"], option="--dummy-device"),
         backend=opts["backend"],
         fallback=not opts["no_fallback"],
+        allow_no_companion=opts["allow_no_companion_rules"],
         cluster_cidrs=cluster_cidrs,
         masquerade_all=opts["masquerade_all"],
         masquerade_bit=opts["masquerade_bit"],
@@ -230,6 +241,9 @@ def errors_to_exit(func: F) -> F:
         except FallbackRefused as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_NO_FALLBACK)
+        except CompanionUnavailable as exc:
+            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            sys.exit(EXIT_NO_COMPANION if func.__name__ == "run" else EXIT_ERROR)
         except KernelUnavailable as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_STARTUP_FAILURE if func.__name__ in ("run", "prepare") else EXIT_ERROR)
@@ -348,7 +362,7 @@ def run(once: bool, **opts: Any) -> None:
     reads --manifests and re-reads them when they change. Stops on SIGTERM/SIGINT, leaving
     the rules in place. Exit status: 0 stopped (or, with --once, all applied), 1 some
     operations failed (--once), 2 bad input or the API refused us, 3 no usable backend,
-    4 no IPVS and --no-fallback.
+    4 no IPVS and --no-fallback, 5 IPVS without a tool its companion rules need.
     """
     source = make_source(opts)
     config = run_config(opts)

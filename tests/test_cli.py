@@ -260,3 +260,33 @@ def test_valid_interface_names_pass(name, prefix):
     from ipvsproxy.config import parse_interface_name
 
     assert parse_interface_name(name, option="--x", prefix=prefix) == name
+
+
+def test_run_refuses_to_start_without_the_companion_tools_exit_5(monkeypatch, tmp_path):
+    """`run` exits 5, naming the tool, when IPVS is usable but its companion rules are not."""
+    from ipvsproxy import agent
+    from ipvsproxy.backends import CompanionUnavailable
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise CompanionUnavailable("iptables-restore not found on PATH")
+
+    monkeypatch.setattr(agent, "run_once", refused)
+    monkeypatch.setattr(agent, "run", refused)
+    for args in (["--once", "--manifests", str(EXAMPLE)], ["--manifests", str(EXAMPLE)]):
+        result = run("run", *args)
+        assert result.exit_code == 5, result.output
+        assert "iptables-restore not found on PATH" in result.stderr
+        assert "Traceback" not in result.output
+
+
+def test_the_companion_flag_is_passed_and_its_help_says_what_is_lost(monkeypatch):
+    from ipvsproxy import agent
+
+    seen: list[Config] = []
+    monkeypatch.setattr(agent, "run", lambda config, source: seen.append(config))
+    assert run("run", "--manifests", str(EXAMPLE)).exit_code == 0
+    assert run("run", "--manifests", str(EXAMPLE), "--allow-no-companion-rules").exit_code == 0
+    assert [config.allow_no_companion for config in seen] == [False, True]
+    text = " ".join(run("run", "--help").output.split())
+    assert "--allow-no-companion-rules" in text
+    assert "no VIP port filter, no loadBalancerSourceRanges, no masquerade" in text

@@ -24,6 +24,7 @@ companion.rules, iptables (its parser, transaction and Commands), errors, the st
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ from ipvsproxy.companion.nlread import SetReader
 from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
 from ipvsproxy.companion.sets import SetState
-from ipvsproxy.errors import KernelError
+from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore_argv
 from ipvsproxy.iptables.parse import Saved, parse_save
@@ -166,9 +167,25 @@ class Companion:
             if sock is not None:
                 sock.close()
 
+    def required_tools(self) -> tuple[str, ...]:
+        """The programs the companion cannot work without: the IPv4 iptables tools (its
+        rules go through iptables-save/-restore), and the ipset tool only where the sets
+        cannot be read or written over netfilter netlink."""
+        tools = TOOLS[4]
+        return (*tools, "ipset") if self.reader is None or self.writer is None else tools
+
+    def missing_tools(self) -> tuple[str, ...]:
+        """`required_tools()` that are not on PATH."""
+        return tuple(tool for tool in self.required_tools() if shutil.which(tool) is None)
+
     def check(self) -> None:
-        """KernelUnavailable without ipset or iptables; IPv6 left out without ip6tables."""
-        self.commands.run(["ipset", "version"])
+        """KernelUnavailable naming the missing tool, or when the IPv4 nat table cannot be
+        read (or the ipset tool fails, where it is needed); IPv6 left out without ip6tables."""
+        missing = self.missing_tools()
+        if missing:
+            raise KernelUnavailable(f"{', '.join(missing)} not found on PATH")
+        if "ipset" in self.required_tools():
+            self.commands.run(["ipset", "version"])
         self.commands.run([TOOLS[4][0], "-t", "nat"])
         try:
             self.commands.run([TOOLS[6][0], "-t", "nat"])
