@@ -14,6 +14,8 @@ Imports: errors, api (types only), PyYAML, the standard library.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,20 +52,39 @@ def fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
     for path in paths:
         for file in _files(path):
             try:
-                stat = file.stat()
+                found = file.stat()
             except OSError:  # removed between listing and stat: the next look sees it
                 continue
-            out.append((str(file), stat.st_mtime_ns, stat.st_size))
+            out.append((str(file), found.st_mtime_ns, found.st_size))
     return tuple(out)
 
 
 def _files(path: Path) -> Iterator[Path]:
-    if path.is_dir():
-        yield from sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
-    elif path.is_file():
-        yield path
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file or directory") from None
+    except (OSError, ValueError) as exc:  # EACCES on a parent, ELOOP; a NUL in the name
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    if stat.S_ISDIR(mode):
+        yield from sorted(_walk(path))
     else:
-        raise ConfigError(f"{path}: no such file or directory")
+        yield path  # a file, or what reading it will name (a FIFO, a socket)
+
+
+def _walk(top: Path) -> Iterator[Path]:
+    """The manifest files under `top`, as `rglob("*")` finds them (symbolic links to
+    directories not followed), except that a directory that cannot be listed is an error:
+    rglob skips it silently, and its objects would vanish from the desired state."""
+
+    def refuse(exc: OSError) -> None:
+        raise ConfigError(f"{exc.filename}: cannot list: {exc.strerror or exc}") from exc
+
+    for folder, _, names in os.walk(top, onerror=refuse):
+        for name in names:
+            file = Path(folder, name)
+            if file.suffix in SUFFIXES and file.is_file():
+                yield file
 
 
 def _objects(file: Path) -> Iterator[RawObject]:
@@ -94,7 +115,10 @@ def _yaml(file: Path, text: str) -> list[Any]:
         if _depth(text) > MAX_DEPTH:
             raise ConfigError(f"{file}: invalid YAML: nested deeper than {MAX_DEPTH} levels")
         return list(yaml.load_all(text, Loader=YAML_LOADER))
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, LookupError, TypeError, ArithmeticError) as exc:
+        # PyYAML's constructors let Python's own errors through for values they refuse: an
+        # integer of over 4300 digits, a 13th month, `!!float x` (ValueError), `!!int ''`
+        # (IndexError). tests/test_manifests.py fuzzes this.
         raise ConfigError(f"{file}: invalid YAML: {exc}".replace("\n", " ")) from exc
 
 

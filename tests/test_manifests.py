@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import errno
 import json
+import os
+from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipvsproxy import cli, manifests
 from ipvsproxy.errors import ConfigError
@@ -114,6 +119,12 @@ def test_pure_python_loader_reads_the_same(tmp_path, monkeypatch):
     assert fast[0]["metadata"]["labels"] == {"x": "on"}
 
 
+def _nested_lists(depth: int) -> str:
+    """A Service inside `depth` nested Lists, as JSON text."""
+    inner = '{"kind": "Service", "metadata": {"name": "deep"}}'
+    return '{"kind": "List", "items": [' * depth + inner + "]}" * depth
+
+
 @pytest.mark.parametrize(
     ("name", "content", "fragment"),
     [
@@ -129,6 +140,13 @@ def test_pure_python_loader_reads_the_same(tmp_path, monkeypatch):
         ("bad.yaml", b"[" * 100_000 + b"]" * 100_000, "nested deeper than 1000"),
         ("bad.yaml", b"a:\n" + b"- " * 100_000 + b"x\n", "nested deeper than 1000"),
         ("bad.yaml", b"a: [1, 2\n", "invalid YAML"),
+        # values PyYAML's constructors refuse with ValueError, not YAMLError (issue 14)
+        ("bad.yaml", b"kind: Service\nx: " + b"9" * 5000 + b"\n", "invalid YAML"),
+        ("bad.yaml", b"a: 2020-13-45\n", "invalid YAML"),
+        ("bad.yaml", b"a: !!float x\n", "invalid YAML"),
+        ("bad.yaml", b"a: 2020-01-01 00:00:00+99:00\n", "invalid YAML"),
+        # Lists nested deeper than the JSON parser goes: one clear error
+        ("bad.json", _nested_lists(2000).encode(), "invalid JSON"),
     ],
 )
 def test_bad_files_give_one_clear_error(tmp_path, name, content, fragment):
@@ -161,3 +179,63 @@ def test_cli_reports_a_bad_json_file_in_one_line(tmp_path):
     assert result.exit_code == 2
     assert result.output.startswith(f"ipvsproxy: error: {path}: invalid JSON: ")
     assert "Traceback" not in result.output
+
+
+def test_nested_lists_within_the_depth_limit_are_expanded(tmp_path):
+    path = tmp_path / "lists.json"
+    path.write_text(_nested_lists(400))  # 1200 JSON levels: the C parser's limit
+    assert names(manifests.load([path])) == [("Service", "deep")]
+
+
+def test_an_unreadable_directory_is_an_error_not_a_silent_gap(tmp_path, monkeypatch):
+    """A subdirectory that cannot be listed would drop its objects from the desired state
+    (and their rules with them): refuse it, naming it."""
+    (tmp_path / "a.json").write_text('{"kind": "Service", "metadata": {"name": "a"}}')
+    hidden = tmp_path / "team"
+    hidden.mkdir()
+    (hidden / "b.json").write_text('{"kind": "Service", "metadata": {"name": "b"}}')
+    real = os.scandir
+
+    def scandir(path=".", *args):
+        if os.fspath(path) == str(hidden):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(ConfigError, match=f"{hidden}: cannot list: .*Permission denied"):
+        manifests.load([tmp_path])
+
+
+def test_a_path_that_cannot_be_looked_at_is_an_error(tmp_path, monkeypatch):
+    path = tmp_path / "svc.yaml"
+    real = Path.stat
+
+    def stat(self, **kwargs):
+        if self == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(ConfigError, match=f"{path}: cannot read: .*Permission denied"):
+        manifests.load([path])
+    with pytest.raises(ConfigError, match=f"{path}: cannot read"):
+        manifests.fingerprint([path])
+
+
+YAMLISH = st.text(alphabet="{}[]:,-!&*#'\"\n \t0123456789abefkilnstx.?|>%@`+_:^~", max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=YAMLISH | st.sampled_from(["a: !!timestamp 2020-02-30", "a: !!int x", "a: !!binary ?"]))
+def test_any_yaml_text_is_objects_or_one_clear_error(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "f.yaml"
+    path.write_text("kind: Service\nmetadata: {name: a}\n" + text)
+    error = None
+    try:
+        objects = manifests.load([path])
+    except ConfigError as exc:  # anything else fails the test
+        error, objects = str(exc), []
+    assert all(isinstance(obj, dict) for obj in objects)
+    if error is not None:
+        assert error.startswith(f"{path}: ")
+        assert "\n" not in error
