@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import re
+import reprlib
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -164,7 +165,10 @@ def describe(obj: object) -> str:
     if not isinstance(meta, Mapping):
         return "<no metadata>"
     name, namespace = meta.get("name"), meta.get("namespace")
-    return f"{namespace}/{name}" if namespace else str(name)
+    name = name if isinstance(name, str) else _shown(name)
+    if isinstance(namespace, str) or not namespace:
+        return f"{namespace}/{name}" if namespace else name
+    return f"{_shown(namespace)}/{name}"
 
 
 # ---- Service ----------------------------------------------------------------------------
@@ -519,9 +523,14 @@ def _type_name(value: object) -> str:
 
 
 def _shown(value: object) -> str:
-    """A value for a message, shortened: an object may carry a whole document."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    """A value for a message, shortened: an object may carry a whole document, and YAML
+    aliases can make a small file a tree of billions of nodes (repr() would never end)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 60, 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 4
 
 
 def _is_int(value: object) -> bool:

@@ -102,6 +102,22 @@ def test_a_misread_shape_is_a_warning_naming_object_and_field(obj, warning):
     assert parse_objects([obj]).warnings == (f"skipping malformed {warning}",)
 
 
+def test_a_value_shared_a_billion_times_is_named_briefly():
+    """YAML aliases make a few lines a tree of 9**30 leaves; its repr would never end."""
+    bomb: list[Any] = ["lol"]
+    for _ in range(30):
+        bomb = [bomb] * 9
+    obj = service("web", ports=[{"port": bomb}])
+    (warning,) = parse_objects([obj]).warnings
+    assert warning.startswith("skipping malformed Service default/web: spec.ports[0].port [[[")
+    assert len(warning) < 300
+    obj = service("web", ns=bomb)
+    obj["metadata"]["name"] = bomb
+    (warning,) = parse_objects([obj]).warnings
+    assert warning.startswith("skipping malformed Service [[[")
+    assert len(warning) < 600
+
+
 @pytest.mark.parametrize(("obj", "warning"), REGRESSIONS.values(), ids=REGRESSIONS.keys())
 def test_diff_warns_and_plans_the_rest_instead_of_a_traceback(tmp_path, obj, warning):
     other = service("other", cluster_ips=("10.96.0.99",))
