@@ -60,7 +60,19 @@ def _prerequisites(request: pytest.FixtureRequest) -> None:
 def require(*, netns: bool = False) -> None:
     """Skip (fail under CI=true) unless this machine can run the test; also for fixtures of
     a wider scope, which pytest sets up before the autouse check above."""
-    reason = _netns_missing() if netns else _missing()
+    _skip_unless_ci(_netns_missing() if netns else _missing())
+
+
+def require_sctp() -> None:
+    """SCTP traffic needs the kernel's sctp module (scripts/vm loads it): skip without it,
+    fail under CI=true, so the SCTP traffic tests cannot go green by skipping."""
+    from integration.lab import sctp_available
+
+    if not sctp_available():
+        _skip_unless_ci("this kernel cannot open SCTP sockets (modprobe sctp)")
+
+
+def _skip_unless_ci(reason: str) -> None:
     if reason and os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but a prerequisite is missing: {reason}", pytrace=False)
     if reason:
