@@ -99,8 +99,12 @@ class IpsetSocket:
     def __init__(self) -> None:
         try:
             self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        except OSError as exc:
+            raise KernelError(f"ipset over netlink: {exc}") from exc
+        try:
             self._sock.bind((0, 0))
         except OSError as exc:
+            self._sock.close()  # a failed construction leaks no socket
             raise KernelError(f"ipset over netlink: {exc}") from exc
         self._seq = 0
 
@@ -118,7 +122,10 @@ class IpsetSocket:
     def _replies(self) -> Iterator[tuple[int, int, bytes]]:
         """(type, sequence number, payload) of each message received, forever."""
         while True:
-            data = self._sock.recv(1 << 20)
+            try:
+                data = self._sock.recv(1 << 20)
+            except OSError as exc:  # ENOBUFS, a closed socket: KernelError, as the kernel's own
+                raise KernelError(f"ipset over netlink: {exc}") from exc
             at = 0
             while at + _HEADER.size <= len(data):
                 size, kind, _, seq, _ = _HEADER.unpack_from(data, at)
@@ -130,7 +137,11 @@ class IpsetSocket:
     ) -> Iterator[dict[int, bytes]]:
         """The top-level attributes of each message of one dump (or, with NLM_F_ACK instead
         of NLM_F_DUMP, of one reply)."""
-        self._sock.send(self._message(command, flags, extra))
+        message = self._message(command, flags, extra)
+        try:
+            self._sock.send(message)
+        except OSError as exc:
+            raise KernelError(f"ipset over netlink: {exc}") from exc
         for kind, seq, message in self._replies():
             if seq != self._seq:
                 continue

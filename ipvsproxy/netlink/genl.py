@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.netlink import codec
-from ipvsproxy.netlink.nlsocket import BATCH_BYTES, NetlinkSocket, os_error
+from ipvsproxy.netlink.nlsocket import BATCH_BYTES, NetlinkSocket, io_error, os_error
 
 __all__ = ["BATCH_BYTES", "GenlSocket", "os_error"]
 
@@ -29,10 +29,17 @@ _GENL_HEADS = tuple(struct.pack("=BBH", cmd, codec.IPVS_GENL_VERSION, 0) for cmd
 class GenlSocket(NetlinkSocket):
     """Requests and dumps for one generic-netlink family (here: "IPVS")."""
 
+    WHAT = "generic netlink"
+
     def __init__(self, family_name: str = "IPVS") -> None:
         super().__init__(NETLINK_GENERIC, "generic netlink")
         try:
             self.family = self._resolve(family_name)
+        except OSError as exc:
+            self._sock.close()
+            raise KernelUnavailable(
+                f"resolving family {family_name!r}: {io_error(exc, 'generic netlink')}"
+            ) from exc
         except BaseException:
             self._sock.close()
             raise

@@ -47,13 +47,25 @@ class NetlinkKernel:
         self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None, legacy: bool = True
     ) -> None:
         """`legacy`: read IPv4 services through getsockopt (sockopt.py) when the kernel
-        allows it; False reads everything over netlink."""
+        allows it; False reads everything over netlink. A `genl` passed in is closed by
+        close(), but stays the caller's when construction fails; every socket opened here
+        is closed when a later step fails (the dummy device's rtnetlink socket cannot be
+        opened, ...), so a failed construction leaks none."""
         self._genl = genl or GenlSocket()
-        self._device = DummyDevice(device)
-        self._decoder = fast.DestDecoder()
-        self._services = fast.ServiceDecoder()
-        # opened now: the socket answers for the network namespace it is created in
-        self._legacy = _open_legacy() if legacy else None
+        try:
+            self._device = DummyDevice(device)
+            try:
+                self._decoder = fast.DestDecoder()
+                self._services = fast.ServiceDecoder()
+                # opened now: the socket answers for the network namespace it is created in
+                self._legacy = _open_legacy() if legacy else None
+            except BaseException:
+                self._device.close()
+                raise
+        except BaseException:
+            if genl is None:
+                self._genl.close()
+            raise
 
     def close(self) -> None:
         self._genl.close()
@@ -161,11 +173,15 @@ class NetlinkKernel:
             ops = list(run)
             if is_address:
                 failures += self._apply_addresses(ops)
-            else:
+                continue
+            try:
                 codes = self._genl.batch(fast.encode_ops(ops))  # type: ignore[arg-type]
-                failures += [
-                    Failure(op, to_error(op, c)) for op, c in zip(ops, codes, strict=True) if c
-                ]
+            except KernelError as err:  # the socket failed: the outcome of each is unknown
+                failures += [Failure(op, err) for op in ops]
+                continue
+            failures += [
+                Failure(op, to_error(op, c)) for op, c in zip(ops, codes, strict=True) if c
+            ]
         return ApplyReport(applied=len(plan) - len(failures), failures=tuple(failures))
 
     def _apply_addresses(self, ops: list[Op]) -> list[Failure]:

@@ -70,7 +70,10 @@ class DummyDevice:
             return [err] * len(changes)
         if index is None:  # only unbinds, and no device
             return [NotFound(f"unbind {a}: no device {self.name}") for a, _ in changes]
-        codes = self._rtnl.change(index, changes)
+        try:
+            codes = self._rtnl.change(index, changes)
+        except KernelError as err:  # the socket failed: the outcome of each is unknown
+            return [err] * len(changes)
         errors = [self._error(change, code) for change, code in zip(changes, codes, strict=True)]
         again = [i for i, code in enumerate(codes) if code == errno.ENODEV and changes[i][1]]
         if again:  # the device was deleted since we looked it up: create it again, once
@@ -82,7 +85,12 @@ class DummyDevice:
                     errors[i] = err
                 return errors
             # index 0 (still no device after creating it): ENODEV again, NotFound
-            retried = self._rtnl.change(index or 0, [changes[i] for i in again])
+            try:
+                retried = self._rtnl.change(index or 0, [changes[i] for i in again])
+            except KernelError as err:
+                for i in again:
+                    errors[i] = err
+                return errors
             for i, code in zip(again, retried, strict=True):
                 errors[i] = self._error(changes[i], code)
         return errors

@@ -19,7 +19,8 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.netlink import codec
@@ -38,8 +39,43 @@ Request = tuple[int, int, bytes, bytes]
 4 bytes long (netlink attributes are padded), so messages need no padding between them."""
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S", bound="NetlinkSocket")
+
+
+def _mapped_io(
+    method: Callable[Concatenate[_S, _P], _R],
+) -> Callable[Concatenate[_S, _P], _R]:
+    """A request method whose failed send() or recv() (ENOBUFS, EPERM, a closed socket)
+    raises the project's error, the OSError chained: callers handle KernelError alone."""
+
+    def mapped(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            raise io_error(exc, f"{self.WHAT} {method.__name__}") from exc
+
+    mapped.__name__, mapped.__doc__ = method.__name__, method.__doc__
+    return mapped
+
+
+def io_error(exc: OSError, what: str) -> KernelError:
+    """The project's error for an OSError of a netlink socket's own calls (not an errno
+    the kernel answered a request with): KernelUnavailable when we may not use it at all."""
+    code = exc.errno or 0
+    text = f"{what}: {os_error(code) if code else exc}"
+    if code in (errno.EPERM, errno.EACCES, errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT):
+        return KernelUnavailable(text)
+    return KernelError(text)
+
+
 class NetlinkSocket:
-    """A bound netlink socket of one protocol (NETLINK_GENERIC, NETLINK_ROUTE, ...)."""
+    """A bound netlink socket of one protocol (NETLINK_GENERIC, NETLINK_ROUTE, ...).
+
+    Its request methods raise KernelError (never OSError) when the socket itself fails."""
+
+    WHAT = "netlink"  # names the socket in errors
 
     def __init__(self, protocol: int, what: str) -> None:
         try:
@@ -87,6 +123,7 @@ class NetlinkSocket:
                 ):
                     return out
 
+    @_mapped_io
     def send_batch(self, requests: Sequence[Request]) -> list[int]:
         """Send requests in order; the errno of each (0 = done).
 
@@ -125,6 +162,7 @@ class NetlinkSocket:
             start = index
         return results
 
+    @_mapped_io
     def ask(self, request: Request) -> tuple[int, list[tuple[int, bytes]]]:
         """One request that asks for its ack (as pyroute2 sends every request): its errno
         (0 = done) and the (type, payload) of each message answering it before the ack,
@@ -145,6 +183,7 @@ class NetlinkSocket:
                     return code, answers if not code else []
                 answers.append((got, bytes(payload)))
 
+    @_mapped_io
     def dump(self, kind: int, body: bytes) -> list[bytes]:
         """The received datagrams of a dump request (`body`: what follows the nlmsghdr),
         each holding whole messages (the last: DONE).
@@ -163,6 +202,8 @@ class NetlinkSocket:
         while True:
             size = recv_into(view)
             data = bytes(view[:size])
+            if size < 16 or unpack(data, 0)[3] != seq:
+                continue  # late replies to an earlier request that failed midway: not ours
             chunks.append(data)
             if size >= 20:
                 length, kind, _, got_seq, _ = unpack(data, size - 20)

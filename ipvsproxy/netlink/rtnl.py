@@ -80,6 +80,8 @@ def link_request(kind: int, *, name: str = "", index: int = 0, link_kind: str = 
 class RtnlSocket(NetlinkSocket):
     """Address changes and address dumps for links, by index; links by name."""
 
+    WHAT = "rtnetlink"
+
     def __init__(self) -> None:
         super().__init__(NETLINK_ROUTE, "rtnetlink")
         with contextlib.suppress(OSError):  # older kernels: a full dump, filtered below
