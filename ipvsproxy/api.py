@@ -260,8 +260,8 @@ def _service_ports(raw: object) -> tuple[ServicePortView, ...]:
         name = _str(_or(item.get("name"), ""), f"{where}.name")
         protocol = _proto(_or(item.get("protocol"), "TCP"), f"{where}.protocol")
         port = _port(item.get("port"), f"{where}.port")
-        node_port = item.get("nodePort")
-        if node_port is None or node_port == 0:
+        node_port = item.get("nodePort")  # absent or 0: none allocated (false is no port)
+        if node_port is None or (_is_int(node_port) and node_port == 0):
             node_port = 0
         else:
             node_port = _port(node_port, f"{where}.nodePort")

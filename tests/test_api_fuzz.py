@@ -90,6 +90,10 @@ MISREAD = {
         service("web", cluster_ips=("fe80::1%eth0",)),
         "Service default/web: spec.clusterIPs[0] 'fe80::1%eth0' is not an IP address",
     ),
+    "nodePort false (read as none)": (
+        service("web", type="NodePort", ports=[port(node_port=False)]),
+        "Service default/web: spec.ports[0].nodePort False is not a port number (1-65535)",
+    ),
     "a pod CIDR as a number": (
         {**node("node-a"), "spec": {"podCIDRs": [10]}},
         "Node node-a: spec.podCIDRs[0]: expected a string, got int",
