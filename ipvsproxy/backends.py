@@ -10,7 +10,7 @@ them), `companion_for()`,
 changed between runs, the other one's objects go) and `cleanup()` (everything ipvsproxy
 owns in both backends, and nothing else).
 
-Imports: netlink, iptables, sync, kernel, model, config, errors.
+Imports: netlink, iptables, companion, sync, kernel, policy, model, config, errors.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.model import EMPTY, IPAddress
+from ipvsproxy.policy import LocalMode, node_policy
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
 
@@ -82,7 +83,7 @@ def open_backend(config: Config) -> Iterator[Backend]:
     CompanionUnavailable for IPVS without the companion's tools. The companion, if any,
     is closed at the end."""
     if config.backend == IPTABLES:
-        yield Backend(_iptables(), IPTABLES, "--backend iptables")
+        yield Backend(_iptables(config), IPTABLES, "--backend iptables")
         return
     if config.backend == IPVS:
         with _ipvs_backend(config, "--backend ipvs") as backend:
@@ -105,7 +106,9 @@ def open_backend(config: Config) -> Iterator[Backend]:
         "(schedulers are approximated; see the README, 'iptables fallback')",
         result.reason,
     )
-    yield Backend(_iptables(), IPTABLES, f"IPVS is not usable: {result.reason}", fallback=True)
+    yield Backend(
+        _iptables(config), IPTABLES, f"IPVS is not usable: {result.reason}", fallback=True
+    )
 
 
 @contextmanager
@@ -238,8 +241,16 @@ def _ipvs(config: Config) -> NetlinkKernel:
     return NetlinkKernel(device=config.dummy_device)
 
 
-def _iptables() -> IptablesKernel:
-    kernel = IptablesKernel()
+def _iptables(config: Config) -> IptablesKernel:
+    """The fallback, masquerading as the node's policy says. Each virtual server's access
+    (loadBalancerSourceRanges, traffic policy) comes from the desired state: whoever runs
+    the sync gives it `use_access()` (the pipeline's `DesiredIndex.access_of`)."""
+    if config.detect_local_mode == LocalMode.NODE_CIDR:
+        log.warning(
+            "--detect-local-mode NodeCIDR: the iptables fallback does not know this Node's "
+            "pod CIDRs; ClusterIP traffic is masqueraded only with --masquerade-all"
+        )
+    kernel = IptablesKernel(node=node_policy(config))
     kernel.check()
     return kernel
 

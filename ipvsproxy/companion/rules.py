@@ -18,13 +18,10 @@ not grow with Services) add:
 IPVS sees VIP traffic in LOCAL_IN after the filter table's INPUT chain, so both filters act
 before IPVS forwards anything.
 
-Imports: companion.sets, iptables.rules, model, the standard library.
+Imports: companion.sets, iptables.rules, policy, the standard library.
 """
 
 from __future__ import annotations
-
-import enum
-from dataclasses import dataclass
 
 from ipvsproxy.companion.sets import (
     CLUSTER_IP,
@@ -38,7 +35,9 @@ from ipvsproxy.companion.sets import (
     SetSpec,
 )
 from ipvsproxy.iptables.rules import Ruleset
-from ipvsproxy.model import IPNetwork
+from ipvsproxy.policy import LocalMode, NodePolicy
+
+__all__ = ["FILTER_JUMPS", "NAT_JUMPS", "PREFIX", "LocalMode", "NodePolicy", "Options", "render"]
 
 PREFIX = "IPVSPROXY-"
 SERVICES = "IPVSPROXY-SERVICES"
@@ -57,30 +56,9 @@ FILTER_JUMPS: tuple[tuple[str, str], ...] = (
 )
 
 
-class LocalMode(enum.StrEnum):
-    """How to tell pod traffic from the rest (kube-proxy's --detect-local-mode)."""
-
-    NONE = ""  # no detection: ClusterIP traffic is not masqueraded (unless masquerade-all)
-    CLUSTER_CIDR = "ClusterCIDR"
-    NODE_CIDR = "NodeCIDR"
-    INTERFACE_NAME_PREFIX = "InterfaceNamePrefix"
-    BRIDGE_INTERFACE = "BridgeInterface"
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """What the rules depend on besides the ipsets."""
-
-    masquerade_bit: int = 14  # the mark bit 1 << 14 = 0x4000, as kube-proxy
-    masquerade_all: bool = False
-    local_mode: LocalMode = LocalMode.NONE
-    local_cidrs: tuple[IPNetwork, ...] = ()  # ClusterCIDR / NodeCIDR modes
-    interface: str = ""  # the prefix or the bridge
-
-    @property
-    def mark(self) -> str:
-        bit = 1 << self.masquerade_bit
-        return f"{bit:#x}/{bit:#x}"
+# The rules' options are the node's policy (ipvsproxy/policy.py), which the iptables
+# fallback renders from too.
+Options = NodePolicy
 
 
 def render(version: int, options: Options) -> dict[str, Ruleset]:
@@ -89,15 +67,12 @@ def render(version: int, options: Options) -> dict[str, Ruleset]:
     def match(spec: SetSpec, dirs: str, *, negate: bool = False) -> str:
         return f"-m set {'! ' if negate else ''}--match-set {spec.name(version)} {dirs}"
 
-    bit = 1 << options.masquerade_bit
+    bit = options.bit
     mark = f"-j {MARK_MASQ}"
-    outside = _outside(version, options)
+    cluster = options.cluster_ip_masquerade(version)  # "" = all, None = none
     prerouting, output = [], []
-    if options.masquerade_all:
-        prerouting.append(f"-A {SERVICES} {match(CLUSTER_IP, 'dst,dst')} {mark}")
-    elif outside is not None:
-        prerouting.append(f"-A {SERVICES} {outside}{match(CLUSTER_IP, 'dst,dst')} {mark}")
-    if options.masquerade_all or outside is not None:
+    if cluster is not None:
+        prerouting.append(f"-A {SERVICES} {cluster}{match(CLUSTER_IP, 'dst,dst')} {mark}")
         output.append(f"-A {OUTPUT} {match(CLUSTER_IP, 'dst,dst')} {mark}")
     for chain, rules in ((SERVICES, prerouting), (OUTPUT, output)):
         rules.append(f"-A {chain} {match(EXTERNAL_IP, 'dst,dst')} {mark}")
@@ -128,16 +103,3 @@ def render(version: int, options: Options) -> dict[str, Ruleset]:
         }
     )
     return {"nat": nat, "filter": filter_}
-
-
-def _outside(version: int, options: Options) -> str | None:
-    """The match for "not from a pod" in PREROUTING (with a trailing space), or None."""
-    match options.local_mode:
-        case LocalMode.CLUSTER_CIDR | LocalMode.NODE_CIDR:
-            nets = [n for n in options.local_cidrs if n.version == version]
-            return f"! -s {nets[0]} " if nets else None
-        case LocalMode.INTERFACE_NAME_PREFIX:
-            return f"! -i {options.interface}+ "
-        case LocalMode.BRIDGE_INTERFACE:
-            return f"! -i {options.interface} "
-    return None

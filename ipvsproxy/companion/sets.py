@@ -18,7 +18,7 @@ these entries grow with the number of Services.
   SERVICE-PORTS  hash:ip,port      every VIP,proto:port                   accepted on VIPs
   VIPS           hash:ip           every VIP on the dummy device          other ports rejected
 
-Imports: sync.desired, model, the standard library.
+Imports: policy, sync.desired (Access), model, the standard library.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from ipaddress import ip_network
 
 from ipvsproxy.model import IPAddress, IPNetwork, IpvsState, Proto, RSKey, VSKey
-from ipvsproxy.sync.desired import Access, Reach
+from ipvsproxy.policy import Frontend, FrontendPolicy, Masquerade, frontend_policy
+from ipvsproxy.sync.desired import Access
 
 SET_PREFIX = "IPVSPROXY-"
 Entry = tuple[str, str]  # (set name, entry as `ipset save` prints it)
@@ -98,36 +99,36 @@ def entries_for(
     local: Container[IPAddress],
     bound: bool,
 ) -> frozenset[Entry]:
-    """The (set name, entry) pairs one virtual server contributes. Without access info it is
-    a ClusterIP when its address is `bound` (on the dummy device), else a NodePort; only
-    destinations whose address is in `local` get a LOOP-BACK entry; fwmark services none."""
+    """The (set name, entry) pairs one virtual server contributes, from its policy
+    (`policy.frontend_policy()`: without access info it is a ClusterIP when its address is
+    `bound`, on the dummy device, else a NodePort); only destinations whose address is in
+    `local` get a LOOP-BACK entry; fwmark services none."""
     if key.fwmark:
         return frozenset()
-    reach = access or Access(Reach.CLUSTER_IP if bound else Reach.NODE_PORT)
+    policy = frontend_policy(access, bound=bound)
     version = key.address.version
-    made = _entries(key, reach, dests, local)
+    made = _entries(key, policy, dests, local)
     return frozenset((spec.name(version), entry) for spec, entry in made)
 
 
 def _entries(
-    key: VSKey, reach: Access, dests: Iterable[RSKey], local: Container[IPAddress]
+    key: VSKey, policy: FrontendPolicy, dests: Iterable[RSKey], local: Container[IPAddress]
 ) -> Iterator[tuple[SetSpec, str]]:
     """The set entries one virtual server contributes."""
     proto = _proto(key.proto)
     ip_port = f"{key.address},{proto}:{key.port}"
-    if reach.reach is Reach.CLUSTER_IP:
-        yield CLUSTER_IP, ip_port
-    elif not reach.local:  # externalTrafficPolicy: Local keeps the client's address
-        yield (NODE_PORT if reach.reach is Reach.NODE_PORT else EXTERNAL_IP), ip_port
-    if reach.reach is not Reach.NODE_PORT:
+    if policy.frontend is Frontend.CLUSTER_IP:
+        yield CLUSTER_IP, ip_port  # masqueraded as the node policy says (rules.py)
+    elif policy.masquerade is Masquerade.ALWAYS:
+        yield (NODE_PORT if policy.frontend is Frontend.NODE_PORT else EXTERNAL_IP), ip_port
+    if policy.port_filter:
         yield SERVICE_PORTS, ip_port
         yield VIPS, str(key.address)
-    if reach.source_ranges:
+    if policy.firewalled:  # LoadBalancer frontends only: others are never filtered
         yield LB_FW, ip_port
-        for net in reach.source_ranges:
+        for net in policy.allowed(key.address.version):
             for part in _splittable(net):
-                if part.version == key.address.version:
-                    yield LB_SOURCE, f"{ip_port},{_net(part)}"
+                yield LB_SOURCE, f"{ip_port},{_net(part)}"
     for rs in dests:
         if rs.address in local:  # kube-proxy: a hairpin can only start on the pod's node
             yield LOOP_BACK, f"{rs.address},{proto}:{rs.port},{rs.address}"

@@ -19,11 +19,12 @@ from ipvsproxy.companion.conntrack import forget_udp, udp_gone
 from ipvsproxy.companion.index import SetIndex
 from ipvsproxy.companion.ipset import host_after
 from ipvsproxy.companion.kernel import Companion, plan_companion
-from ipvsproxy.companion.rules import LocalMode, Options
+from ipvsproxy.companion.rules import Options
 from ipvsproxy.companion.sets import SetState, wanted
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.model import IpvsState, VSKey
+from ipvsproxy.policy import node_policy
 from ipvsproxy.sync.desired import Desired
 from ipvsproxy.sync.engine import SyncResult
 
@@ -36,16 +37,8 @@ class CompanionResult:
 
 
 def options_for(config: Config, node: NodeView) -> Options:
-    """The rules' options: the flags, and for NodeCIDR the Node's pod CIDRs."""
-    mode = LocalMode(config.detect_local_mode)
-    cidrs = node.pod_cidrs if mode is LocalMode.NODE_CIDR else config.cluster_cidrs
-    return Options(
-        masquerade_bit=config.masquerade_bit,
-        masquerade_all=config.masquerade_all,
-        local_mode=mode,
-        local_cidrs=tuple(cidrs),
-        interface=config.local_interface,
-    )
+    """The rules' options: the node's policy (the flags, for NodeCIDR its pod CIDRs)."""
+    return node_policy(config, tuple(node.pod_cidrs))
 
 
 def wanted_of(state: IpvsState, desired: Desired) -> SetState:

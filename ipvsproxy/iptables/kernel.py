@@ -15,14 +15,14 @@ the apply after it, even an empty one (see `damage()`).
 There are no connection counters here: `connections()` says every destination is idle, so
 a removed endpoint goes at once (conntrack keeps established connections flowing to it).
 
-Imports: iptables.*, kernel, model, schedulers, errors, the standard library.
+Imports: iptables.*, kernel, model, policy, schedulers, errors, the standard library.
 """
 
 from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
@@ -46,6 +46,7 @@ from ipvsproxy.model import (
     UpdateService,
     VSKey,
 )
+from ipvsproxy.policy import DEFAULT_NODE, AccessLike, NodePolicy
 from ipvsproxy.schedulers import IPTABLES_FIDELITY, IptablesFidelity
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,26 @@ class Commands:
         return done.stdout
 
 
-class IptablesKernel:
-    """ipvsproxy's virtual servers as DNAT rules in its own nat chains."""
+AccessLookup = Callable[[Iterable[VSKey]], Mapping[VSKey, AccessLike]]
 
-    def __init__(self, *, commands: Commands | None = None) -> None:
+
+class IptablesKernel:
+    """ipvsproxy's virtual servers as DNAT rules in its own nat chains, masqueraded and
+    firewalled as the node's policy says (ipvsproxy/policy.py)."""
+
+    def __init__(
+        self,
+        *,
+        commands: Commands | None = None,
+        node: NodePolicy = DEFAULT_NODE,
+        access: AccessLookup | None = None,
+    ) -> None:
+        """`node`: the node's NAT settings. `access`: where each virtual server's access
+        (frontend, traffic policy, loadBalancerSourceRanges) is looked up, given the keys
+        (the pipeline's `DesiredIndex.access_of`); without it every virtual server is taken
+        for a ClusterIP when its address is a VIP, else for a NodePort."""
+        self.node = node
+        self._access = access
         self._commands = commands or Commands()
         self._families: tuple[int, ...] = (4, 6)
         self._table: Table | None = None  # None: unknown, observe before the next apply
@@ -109,6 +126,13 @@ class IptablesKernel:
             log.warning("ip6tables cannot be used, IPv6 Services are not served: %s", exc)
             self._families = (4,)
 
+    def use_access(self, access: AccessLookup) -> None:
+        """Look each virtual server's access up with `access` from now on (see __init__)."""
+        self._access = access
+
+    def _lookup(self, keys: Iterable[VSKey]) -> Mapping[VSKey, AccessLike]:
+        return self._access(keys) if self._access is not None else {}
+
     # ---- the Kernel interface --------------------------------------------------------------
 
     def observe(self) -> IpvsState:
@@ -116,6 +140,8 @@ class IptablesKernel:
         compare them with what that state renders to: the periodic full resync."""
         saved = {version: parse_save(self._save(version)) for version in self._families}
         last = self._table
+        if last is not None:  # an access changed without an operation: compare with it
+            last.set_access(self._lookup(last.services), now=True)
         if last is not None and not any(damage(saved[v], last.ruleset(v)) for v in saved):
             # The chains are exactly what the last state renders to, and rendering reads
             # back exactly (tests/iptables): no need to decode or render them again.
@@ -128,7 +154,7 @@ class IptablesKernel:
             dests={k: v for s, _ in states for k, v in s.dests.items()},
             bound=frozenset(a for s, _ in states for a in s.bound),
         )
-        table = Table(state, names)
+        table = Table(state, names, access=self._lookup(state.services), node=self.node)
         found = {v: damage(saved[v], table.ruleset(v)) for v in self._families}
         self._table = table
         self._repair = {v: saved[v] for v in self._families if found[v]}
@@ -161,6 +187,7 @@ class IptablesKernel:
                 done.append(op)
             except KernelError as exc:
                 failures.append(Failure(op, exc))
+        table.set_access(self._lookup({key for op in done if (key := _key(op)) is not None}))
         table.rename(names or {})
         self._warn(done, table.names)
         changes = table.changes()
@@ -235,6 +262,15 @@ class IptablesKernel:
                     service,
                     scheduler,
                 )
+
+
+def _key(op: Op) -> VSKey | None:
+    match op:
+        case AddService(vs) | UpdateService(vs):
+            return vs.key
+        case DeleteService(key) | AddDest(key, _) | UpdateDest(key, _) | DeleteDest(key, _):
+            return key
+    return None
 
 
 def _version(op: Op) -> int:

@@ -10,11 +10,24 @@ chains compare as text. The layout:
                                                 then one RETURN rule per VIP (the record of
                                                 `IpvsState.bound`)
     IPVSPX-SVC-<h16>    per virtual server: session affinity (`recent`), then the
-                        scheduler's choice among destinations of weight > 0 -> SEP chains
-    IPVSPX-SVC-<h8>-<e8>  per destination ("SEP" chain): hairpin / NodePort masquerade
-                        mark, affinity record, DNAT to the endpoint (weight-0 destinations
-                        keep their chain, unused)
+                        scheduler's choice among destinations of weight > 0 -> SEP
+                        chains. For a LoadBalancer
+                        frontend with loadBalancerSourceRanges it is the firewall instead
+                        (kube-proxy's KUBE-FW-): one `-s RANGE -j IPVSPX-EXT-<h16>` per
+                        range of its family, and the rest falls through un-DNATed, so no
+                        other source ever reaches an endpoint (no range of the family: no
+                        one does); IPVSPX-EXT-<h16> then holds the choice.
+    IPVSPX-SVC-<h8>-<e8>  per destination ("SEP" chain): hairpin masquerade mark, the
+                        masquerade mark the policy asks for, affinity record, DNAT to the
+                        endpoint (weight-0 destinations keep their chain, unused)
     POSTROUTING         -> IPVSPX-POSTROUTING   masquerade what carries the mark, clear it
+
+Who is masqueraded and who may connect is the node's policy (ipvsproxy/policy.py, the same
+the IPVS companion renders): ClusterIP traffic from outside the pods (--cluster-cidr,
+--detect-local-mode) or all of it (--masquerade-all); external traffic (NodePort,
+externalIP, LoadBalancer) unless externalTrafficPolicy is Local; the mark bit is
+--masquerade-bit. The nat table cannot DROP; kube-proxy also drops the un-DNATed rest in
+the filter table, which this backend does not own.
 
 Why a destination's chain is named after its virtual server's (`<h8>` = the first 8
 characters of the SVC chain's hash): iptables-nft (1.8.7 and later) keeps every chain a
@@ -39,7 +52,7 @@ so an observation reads them back exactly (the contract every backend keeps).
 Comments carry the Service port's name, reduced to characters that cannot end a comment or
 start another option: nothing from an API object reaches the rules otherwise.
 
-Imports: model, schedulers, the standard library.
+Imports: model, policy, schedulers, the standard library.
 """
 
 from __future__ import annotations
@@ -52,6 +65,7 @@ from dataclasses import dataclass
 
 from ipvsproxy.model import (
     IPAddress,
+    IPNetwork,
     IpvsState,
     Proto,
     RealServer,
@@ -62,6 +76,13 @@ from ipvsproxy.model import (
     addr_order,
     rs_order,
 )
+from ipvsproxy.policy import (
+    DEFAULT_NODE,
+    FrontendPolicy,
+    Masquerade,
+    NodePolicy,
+    frontend_policy,
+)
 from ipvsproxy.schedulers import Scheduler
 
 PREFIX = "IPVSPX-"
@@ -69,8 +90,9 @@ SERVICES = "IPVSPX-SERVICES"
 POSTROUTING = "IPVSPX-POSTROUTING"
 MARK_MASQ = "IPVSPX-MARK-MASQ"
 SVC_PREFIX = "IPVSPX-SVC-"
+EXT_PREFIX = "IPVSPX-EXT-"  # behind a firewalled SVC chain: what the allowed sources get
 SEP_LENGTH = len(SVC_PREFIX) + 17
-MASQ_BIT = 0x4000  # kube-proxy's masquerade bit
+MASQ_BIT = 0x4000  # kube-proxy's masquerade bit (the default --masquerade-bit 14)
 HMARK_SEED = 0x69707673  # "ipvs": any fixed value; a client must hash alike across syncs
 VIP_COMMENT = "ipvsproxy vip"
 
@@ -140,14 +162,20 @@ class Ruleset:
     chains: Mapping[str, tuple[str, ...]]
 
 
-FIXED: Mapping[str, tuple[str, ...]] = {
-    MARK_MASQ: (f"-A {MARK_MASQ} -j MARK --set-xmark {MASQ_BIT:#x}/{MASQ_BIT:#x}",),
-    POSTROUTING: (
-        f"-A {POSTROUTING} -m mark ! --mark {MASQ_BIT:#x}/{MASQ_BIT:#x} -j RETURN",
-        f"-A {POSTROUTING} -j MARK --set-xmark 0x0/{MASQ_BIT:#x}",
-        f"-A {POSTROUTING} -j MASQUERADE --random-fully",
-    ),
-}
+def fixed(node: NodePolicy) -> Mapping[str, tuple[str, ...]]:
+    """The chains every family has: the mark, and the masquerade of what carries it."""
+    mark, bit = node.mark, node.bit
+    return {
+        MARK_MASQ: (f"-A {MARK_MASQ} -j MARK --set-xmark {mark}",),
+        POSTROUTING: (
+            f"-A {POSTROUTING} -m mark ! --mark {mark} -j RETURN",
+            f"-A {POSTROUTING} -j MARK --set-xmark 0x0/{bit:#x}",
+            f"-A {POSTROUTING} -j MASQUERADE --random-fully",
+        ),
+    }
+
+
+FIXED = fixed(DEFAULT_NODE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +189,18 @@ class Piece:
 
 
 def render_service(
-    vs: VirtualServer, dests: Iterable[RealServer], name: str, *, bound: bool
+    vs: VirtualServer,
+    dests: Iterable[RealServer],
+    name: str,
+    *,
+    bound: bool,
+    policy: FrontendPolicy | None = None,
+    node: NodePolicy = DEFAULT_NODE,
 ) -> Piece:
-    """One virtual server's chains; `bound`: its address is a VIP (else a NodePort: the
-    reply must come back through this node, so every connection is masqueraded)."""
+    """One virtual server's chains; `bound`: its address is a VIP. `policy` (default: what
+    `frontend_policy()` guesses from `bound`: a NodePort, every connection masqueraded so
+    the reply comes back through this node, or a ClusterIP) and `node` decide the
+    masquerade mark and the source-range firewall."""
     key = vs.key
     name = sanitise(name)
     ident = _ident(key)
@@ -176,12 +212,37 @@ def render_service(
         f'-m comment --comment "{service_comment(name, vs)}" '
         f"-m {proto} --dport {key.port} -j {chain}"
     )
+    policy = policy or frontend_policy(None, bound=bound)
     ordered = sorted(dests, key=lambda rs: rs_order(rs.key))
     seps = [_sep_chain(svc_hash, ident, rs.key) for rs in ordered]
-    chains = {chain: _svc_rules(vs, chain, ordered, seps)}
+    version = key.address.version
+    masquerade = _masquerade(policy, node, version)
+    if policy.firewalled:
+        ext = EXT_PREFIX + svc_hash
+        chains = {
+            chain: tuple(f"-A {chain} {_source(net)}-j {ext}" for net in policy.allowed(version)),
+            ext: _svc_rules(vs, ext, ordered, seps),
+        }
+    else:
+        chains = {chain: _svc_rules(vs, chain, ordered, seps)}
     for rs, sep in zip(ordered, seps, strict=True):
-        chains[sep] = _sep_rules(vs, sep, rs, name, masquerade=not bound)
+        chains[sep] = _sep_rules(vs, sep, rs, name, masquerade=masquerade)
     return Piece(chain, dispatch, chains)
+
+
+def _masquerade(policy: FrontendPolicy, node: NodePolicy, version: int) -> str | None:
+    """The match of the traffic to mark for masquerade ("" = all of it), or None."""
+    match policy.masquerade:
+        case Masquerade.ALWAYS:
+            return ""
+        case Masquerade.OUTSIDE:
+            return node.cluster_ip_masquerade(version)
+    return None
+
+
+def _source(net: IPNetwork) -> str:
+    """`-s NET ` as iptables-save prints it (nothing for /0, which matches everyone)."""
+    return f"-s {net} " if net.prefixlen else ""
 
 
 def services_chain(pieces: Iterable[Piece], vips: Iterable[IPAddress]) -> tuple[str, ...]:
@@ -197,19 +258,29 @@ def services_chain(pieces: Iterable[Piece], vips: Iterable[IPAddress]) -> tuple[
     )
 
 
-def render(state: IpvsState, names: Mapping[VSKey, str], *, version: int) -> Ruleset:
+def render(
+    state: IpvsState,
+    names: Mapping[VSKey, str],
+    *,
+    version: int,
+    policies: Mapping[VSKey, FrontendPolicy] | None = None,
+    node: NodePolicy = DEFAULT_NODE,
+) -> Ruleset:
     """Every chain ipvsproxy owns for the virtual servers of one IP version (4 or 6)."""
+    policies = policies or {}
     pieces = [
         render_service(
             vs,
             state.dests.get(key, {}).values(),
             names.get(key) or str(key),
             bound=key.address in state.bound,
+            policy=policies.get(key),
+            node=node,
         )
         for key, vs in state.services.items()
         if key.address.version == version
     ]
-    chains = dict(FIXED)
+    chains = dict(fixed(node))
     for piece in pieces:
         chains.update(piece.chains)
     vips = (a for a in state.bound if a.version == version)
@@ -252,12 +323,14 @@ def _svc_rules(
 
 
 def _sep_rules(
-    vs: VirtualServer, chain: str, rs: RealServer, name: str, *, masquerade: bool
+    vs: VirtualServer, chain: str, rs: RealServer, name: str, *, masquerade: str | None
 ) -> tuple[str, ...]:
+    """The mark goes here, after the scheduler's choice, not in the SVC chain: HMARK (sh,
+    dh) overwrites the whole packet mark, and its choice matches the mark exactly."""
     proto = _proto(vs.key.proto)
     rules = [f"-A {chain} -s {_net(rs.key.address)} -j {MARK_MASQ}"]  # hairpin
-    if masquerade:
-        rules.append(f"-A {chain} -j {MARK_MASQ}")
+    if masquerade is not None:  # "" = every connection, else those the match selects
+        rules.append(f"-A {chain} {masquerade}-j {MARK_MASQ}")
     if vs.flags & ServiceFlags.PERSISTENT:
         mask = _full_mask(vs.key.address)
         rules.append(f"-A {chain} -m recent --set --name {chain} --mask {mask} --rsource")

@@ -7,9 +7,10 @@ destinations, VIPs and names last written (or read), and each virtual server's r
 in a table of ten or ten thousand) and notes which virtual servers it touched; `changes()`
 renders only those again and returns, per family, just the chains that differ. A partial
 sync therefore costs what changed, not what exists; `ruleset()` is the whole picture, for
-the damage check of a full observation and for its repair.
+the damage check of a full observation and for its repair. Each virtual server is rendered
+with its policy (ipvsproxy/policy.py: the node's, and its access, `set_access()`).
 
-Imports: iptables.rules, model, the standard library.
+Imports: iptables.rules, policy, model, the standard library.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ipvsproxy.iptables.rules import FIXED, SERVICES, Piece, Ruleset, render_service, services_chain
+from ipvsproxy.iptables.rules import SERVICES, Piece, Ruleset, fixed, render_service, services_chain
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -36,6 +37,7 @@ from ipvsproxy.model import (
     VSKey,
     transition,
 )
+from ipvsproxy.policy import DEFAULT_NODE, AccessLike, NodePolicy, frontend_policy
 
 Changes = dict[str, tuple[str, ...] | None]  # chain -> its rules, or None: delete it
 
@@ -43,7 +45,16 @@ Changes = dict[str, tuple[str, ...] | None]  # chain -> its rules, or None: dele
 class Table:
     """ipvsproxy's virtual servers as last written, with their rendered chains."""
 
-    def __init__(self, state: IpvsState, names: Mapping[VSKey, str]) -> None:
+    def __init__(
+        self,
+        state: IpvsState,
+        names: Mapping[VSKey, str],
+        *,
+        access: Mapping[VSKey, AccessLike] | None = None,
+        node: NodePolicy = DEFAULT_NODE,
+    ) -> None:
+        self.node = node
+        self.access: dict[VSKey, AccessLike] = dict(access or {})
         self.services: dict[VSKey, VirtualServer] = dict(state.services)
         self.dests: dict[VSKey, dict[RSKey, RealServer]] = {
             key: dict(state.dests.get(key, {})) for key in self.services
@@ -85,6 +96,7 @@ class Table:
         else:
             del self.services[key], self.dests[key]
             self.names.pop(key, None)
+            self.access.pop(key, None)
             self._at[key.address].discard(key)
         self._touched.add(key)
 
@@ -93,6 +105,20 @@ class Table:
         for key, name in names.items():
             if key in self.services and self.names.get(key) != name:
                 self.names[key] = name
+                self._touched.add(key)
+
+    def set_access(self, access: Mapping[VSKey, AccessLike], *, now: bool = False) -> None:
+        """Remember each virtual server's access (its frontend, traffic policy and source
+        ranges: `policy.frontend_policy()`); a virtual server whose access changed is
+        rendered again: by the next `changes()`, or at once with `now` (for a comparison
+        with what a full observation read, where nothing is to be written unless it differs)."""
+        for key, found in access.items():
+            if key not in self.services or self.access.get(key) == found:
+                continue
+            self.access[key] = found
+            if now:
+                self._pieces[key] = self._render(key)
+            else:
                 self._touched.add(key)
 
     def changes(self) -> dict[int, Changes]:
@@ -120,7 +146,7 @@ class Table:
 
     def ruleset(self, version: int) -> Ruleset:
         """Every chain of one family, as they should be."""
-        chains = dict(FIXED)
+        chains = dict(fixed(self.node))
         for key, piece in self._pieces.items():
             if key.address.version == version:
                 chains.update(piece.chains)
@@ -131,11 +157,14 @@ class Table:
         return IpvsState(dict(self.services), dict(self.dests), frozenset(self.bound))
 
     def _render(self, key: VSKey) -> Piece:
+        bound = key.address in self.bound
         return render_service(
             self.services[key],
             self.dests[key].values(),
             self.names.get(key) or str(key),
-            bound=key.address in self.bound,
+            bound=bound,
+            policy=frontend_policy(self.access.get(key), bound=bound),
+            node=self.node,
         )
 
     def _services_chain(self, version: int) -> tuple[str, ...]:

@@ -73,7 +73,12 @@ def test_with_netlink_sets_the_ipset_tool_is_not_needed(monkeypatch, tmp_path):
     monkeypatch.setattr(backends, "SetWriter", Socket)
     monkeypatch.setenv("PATH", path_with(tmp_path, "iptables-save", "iptables-restore"))
     ran: list[list[str]] = []
-    monkeypatch.setattr(Commands, "run", lambda self, args, stdin=None: ran.append(args) or "")
+
+    def record(self: Commands, args: list[str], stdin: str | None = None) -> str:
+        ran.append(args)
+        return ""
+
+    monkeypatch.setattr(Commands, "run", record)
     companion, missing = _companion(Config())
     assert [args[0] for args in ran] == ["iptables-save", "ip6tables-save"]  # no ipset
     assert companion is not None
