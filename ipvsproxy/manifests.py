@@ -5,8 +5,10 @@ as `ServiceList`, whose items carry no kind). A `.json` file is one JSON documen
 `json` (for 1000 Services x 10 endpoints, 4.5 MB: 0.05 s, where libyaml takes 4.7 s and
 PyYAML's pure-Python loader 36 s); anything else is YAML, read with libyaml's `CSafeLoader`
 when PyYAML was built with it, else with `SafeLoader` (the same documents, only slower).
-Unreadable files, invalid JSON or YAML, and YAML nested too deeply for libyaml raise
-ConfigError naming the file; judging the objects is api.py's job.
+Unreadable files, directories that cannot be listed (never skipped: their objects would
+vanish from the desired state), invalid JSON or YAML (values PyYAML's constructors refuse
+included), and YAML nested too deeply for libyaml raise ConfigError naming the file, never
+another exception; judging the objects is api.py's job.
 
 Imports: errors, api (types only), PyYAML, the standard library.
 """
