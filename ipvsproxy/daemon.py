@@ -22,7 +22,8 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.pipeline import PassResult, Pipeline
+from ipvsproxy.model import AddDest, DeleteDest, Op, UpdateDest
+from ipvsproxy.pipeline import PassResult, Pipeline, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.runner import Runner
@@ -67,9 +68,11 @@ class SyncPass:
             config=config,
             companion=companion,
             drainer=Drainer(timeout=config.drain_timeout, clock=clock),
+            clock=clock,
         )
         self._warned: frozenset[str] = frozenset()
-        self._failures_in_row = 0
+        self._logged: dict[object, str] = {}  # per failing object: the error last logged
+        self._failed_passes = 0  # passes in a row that did not complete
         self._waiting_logged: bool | None = False  # None: the first sync has started
         self._last_full = -math.inf
         self._frozen = False
@@ -104,10 +107,10 @@ class SyncPass:
         try:
             result = self.pipeline.apply(self.pipeline.plan(full=full))
         except KernelError as exc:
-            log.error("sync failed: %s", exc)
-            self._metrics.sync_error()
-            self.request_full()  # what the kernel holds is unknown now
-            self._retry(failed=True)
+            self._pass_failed(f"sync failed: {exc}", traceback=False)
+            return
+        except Exception:  # noqa: BLE001 - the agent never dies of one bad pass
+            self._pass_failed("sync failed with an unexpected error", traceback=True)
             return
         if result.full:
             if not self._frozen:
@@ -129,10 +132,12 @@ class SyncPass:
         )
         if result.companion_error:
             log.error("companion rules: %s", result.companion_error)
-        if result.ok:
+        else:
+            # Health is kube-proxy's: the loop is alive and completes passes. A refused
+            # operation is a metric, a log line and a retry, never the node's health.
             self._health.updated()
-        for failure in report.failures:
-            log.error("operation failed: %s", failure.error)
+        self._log_failures(result)
+        self._warn(self.pipeline.warnings)  # substitutes for refused settings, named
         log.info(
             "sync: %d operations (%d failed), %d virtual servers, %d real servers, "
             "%d draining, %d companion changes, %.3fs (%s, %d Services changed, "
@@ -149,7 +154,36 @@ class SyncPass:
             result.companion_seconds,
         )
         self.last = result
-        self._retry(failed=not result.ok, draining=result.sync.draining > 0)
+        self._retry(failed=bool(result.companion_error), draining=result.sync.draining > 0)
+
+    def _pass_failed(self, message: str, *, traceback: bool) -> None:
+        """A pass that did not complete: logged (with the traceback when unexpected),
+        counted, the next pass full (what the kernel holds is unknown), retried soon."""
+        log.error("%s", message, exc_info=traceback)
+        self._metrics.sync_error()
+        self.request_full()
+        self._failed_passes += 1
+        if self.runner is not None:
+            delay = min(2.0 ** (self._failed_passes - 1), self._config.sync_period)
+            self.runner.retry_after(max(delay, self._config.min_sync_period))
+
+    def _log_failures(self, result: PassResult) -> None:
+        """One line per failing object per change of its error (not one per pass while
+        it backs off), and one when it recovers."""
+        for failure in result.sync.report.failures:
+            what = _object_of(failure.op)
+            if touched((failure.op,))[0] & result.refused:
+                continue  # warned about as a refusal, served plainer at once
+            text = str(failure.error)
+            if self._logged.get(what) != text:
+                log.error("operation failed: %s", text)
+                self._logged[what] = text
+        for key in result.recovered:
+            logged = [w for w in self._logged if w == key or (isinstance(w, tuple) and w[0] == key)]
+            for what in logged:
+                del self._logged[what]
+            if logged:
+                log.info("%s: programmed after earlier failures", key)
 
     def _warn(self, warnings: tuple[str, ...]) -> None:
         """Log each input warning once, when it first appears (not on every sync)."""
@@ -159,11 +193,30 @@ class SyncPass:
         self._warned = current
 
     def _retry(self, *, failed: bool, draining: bool = False) -> None:
-        self._failures_in_row = self._failures_in_row + 1 if failed else 0
+        """Ask the runner for an early pass: when the first failing virtual server is due
+        again (pipeline backoff: 1, 2, 4, ... s, at most the sync period), after a failed
+        companion step (the same doubling), or in a second while endpoints drain."""
+        self._failed_passes = self._failed_passes + 1 if failed else 0
         if self.runner is None:
             return
-        if failed:  # 1, 2, 4, ... seconds, at most the sync period
-            delay = min(2.0 ** (self._failures_in_row - 1), self._config.sync_period)
-            self.runner.retry_after(max(delay, self._config.min_sync_period))
-        elif draining:
-            self.runner.retry_after(max(DRAIN_POLL, self._config.min_sync_period))
+        delays = []
+        if failed:
+            delays.append(min(2.0 ** (self._failed_passes - 1), self._config.sync_period))
+        if (due := self.pipeline.backoff.next_in()) is not None:
+            delays.append(due)
+        if draining:
+            delays.append(DRAIN_POLL)
+        if delays:
+            self.runner.retry_after(max(min(delays), self._config.min_sync_period))
+
+
+def _object_of(op: Op) -> object:
+    """The object an operation is about (a virtual server, one of its destinations, an
+    address), for per-object logging."""
+    match op:
+        case AddDest(key, rs) | UpdateDest(key, rs):
+            return key, rs.key
+        case DeleteDest(key, rs_key):
+            return key, rs_key
+    keys, addresses = touched((op,))
+    return next(iter(keys or addresses), op)

@@ -128,14 +128,14 @@ class Metrics:
             if count - failed[kind]:
                 self.operations.labels(kind, "ok").inc(count - failed[kind])
             if failed[kind]:
-                self.operations.labels(kind, "failed").inc(failed[kind])
+                self.operations.labels(kind, "error").inc(failed[kind])
         self.syncs.labels("ok" if report.ok else "failed").inc()
         self.virtual_servers.set(virtual_servers)
         self.real_servers.set(real_servers)
         self.draining.set(draining)
         now = self._clock()
+        self.last_sync.set(now)  # a completed pass, as kube-proxy's (failed operations too)
         if report.ok:
-            self.last_sync.set(now)
             for trigger in triggers:
                 started = _timestamp(trigger)
                 if started is not None and now >= started:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
@@ -57,6 +57,7 @@ from ipvsproxy.model import (
 from ipvsproxy.sync.desired import Access, node_warnings, translate_service
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.engine import Planned, SyncResult, apply_pass, plan_pass
+from ipvsproxy.sync.failures import Backoff, Refusals
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.tracker import Changes
@@ -117,6 +118,7 @@ class PassPlan:
     companion: CompanionPlan | None = None
     companion_error: str = ""  # why the companion could not be planned ("" = it could)
     companion_seen: Observed | None = None  # the host's sets and chains (full passes)
+    keys: frozenset[VSKey] | None = None  # the virtual servers looked at (None: all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +131,11 @@ class PassResult:
     virtual_servers: int = 0  # desired, in the whole table
     real_servers: int = 0
     companion_seconds: float = 0.0  # of the pass's time, what the companion step took
-
-    @property
-    def stale(self) -> bool:
-        """The kernel contradicted what this process believed it holds (an object missing
-        or already there): someone changed it behind our back; a full pass is needed."""
-        return any(isinstance(f.error, NotFound | AlreadyExists) for f in self.sync.report.failures)
+    # The kernel contradicted what this process believed it holds (an object missing or
+    # already there): someone changed it behind our back; a full pass is needed.
+    stale: bool = False
+    refused: frozenset[VSKey] = frozenset()  # settings refused: served plainer from now on
+    recovered: frozenset[VSKey] = frozenset()  # failing before, done now
 
     @property
     def ok(self) -> bool:
@@ -162,6 +163,24 @@ class Pipeline:
     _sets: SetIndex | None = None  # the companion's sets, kept per virtual server
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
+    clock: Callable[[], float] = time.monotonic
+    _refusals: Refusals | None = None  # settings the kernel refused, served plainer
+    _backoff: Backoff | None = None  # failed virtual servers, retried one by one
+    _input_warnings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._refusals = Refusals(default=self.config.scheduler)
+        self._backoff = Backoff(cap=self.config.sync_period, clock=self.clock)
+
+    @property
+    def refusals(self) -> Refusals:
+        assert self._refusals is not None
+        return self._refusals
+
+    @property
+    def backoff(self) -> Backoff:
+        assert self._backoff is not None
+        return self._backoff
 
     def feed(self, changes: Changes) -> None:
         """Translate the changed Services into the desired state."""
@@ -179,11 +198,12 @@ class Pipeline:
             keys = self.index.update(ref, contribution)
             self._keys |= keys
             self._known |= keys
-        self.warnings = (
+        self._input_warnings = (
             *changes.warnings,
             *node_warnings(changes.node, self.config),
             *self.index.warnings(),
         )
+        self.warnings = (*self._input_warnings, *self.refusals.warnings())
 
     @property
     def ownership(self) -> Ownership:
@@ -198,17 +218,18 @@ class Pipeline:
         full = full or not self._observed_once or observed is not None
         if full:
             return self._plan_full(observed)
-        keys = self._keys | (self.drainer.keys() if self.drainer else set())
+        keys = self._keys | self.backoff.due() | (self.drainer.keys() if self.drainer else set())
         addresses = {k.address for k in keys} | self._addresses
+        names = self.index.names(keys)
         ipvs = plan_pass(
             self.kernel,
-            self.index.state_for(keys, addresses),
+            self._served(self.index.state_for(keys, addresses), names, whole=False),
             self.table.state_for(keys, addresses),
             ownership=self.ownership,
             drainer=self.drainer,
             manage_addresses=self.manage_addresses,
         )
-        plan = PassPlan(False, ipvs, self.index.names(keys))
+        plan = PassPlan(False, ipvs, names, keys=frozenset(keys))
         if self.companion is None:
             return plan
         sets = self._set_index()
@@ -226,7 +247,7 @@ class Pipeline:
         desired = self.index.desired()
         ipvs = plan_pass(
             self.kernel,
-            desired.state,
+            self._served(desired.state, desired.origins, whole=True),
             observed,
             ownership=self.ownership,
             drainer=self.drainer,
@@ -263,10 +284,16 @@ class Pipeline:
             self._sets_basis = basis
             return sets
         keys = set(self._keys)
-        keys |= _touched(ipvs.plan)[0]
+        keys |= touched(ipvs.plan)[0]
         keys |= sets.keys().difference(state.services)
         sets.update_from(keys, state, access, local=local)
         return sets
+
+    def _served(self, state: IpvsState, names: Mapping[VSKey, str], *, whole: bool) -> IpvsState:
+        """The desired state with what the kernel refused replaced (sync/failures.py)."""
+        served = self.refusals.served(state, names, whole=whole)
+        self.warnings = (*self._input_warnings, *self.refusals.warnings())
+        return served
 
     def _set_index(self) -> SetIndex:
         assert self.companion is not None
@@ -285,7 +312,14 @@ class Pipeline:
         applied = [op for op in ipvs.plan if op not in failed]
         self.table.advance(applied)
         self._known -= {op.key for op in applied if isinstance(op, DeleteService)}
-        self._keys, self._addresses = _retry_set(result.report)
+        refused = self.refusals.record(result.report.failures, planned.names)
+        failed_keys, self._addresses = _retry_set(result.report)
+        recovered = self.backoff.settle(planned.keys, failed_keys - refused)
+        self._keys = refused  # tried again at once, with what is served instead
+        stale = any(
+            isinstance(f.error, NotFound | AlreadyExists) and not (touched((f.op,))[0] & refused)
+            for f in result.report.failures
+        )
         changes, error = 0, planned.companion_error
         forgotten = 0
         started = time.monotonic()
@@ -301,6 +335,9 @@ class Pipeline:
             len(self.index),
             self.index.dest_count,
             time.monotonic() - started,
+            stale=stale,
+            refused=frozenset(refused),
+            recovered=frozenset(recovered),
         )
 
     def _apply_companion(self, planned: PassPlan) -> tuple[int, str]:
@@ -326,10 +363,10 @@ class Pipeline:
 
 def _retry_set(report: ApplyReport) -> tuple[set[VSKey], set[IPAddress]]:
     """What the next partial pass must look at again: whatever a failed operation touched."""
-    return _touched(failure.op for failure in report.failures)
+    return touched(failure.op for failure in report.failures)
 
 
-def _touched(ops: Iterable[Op]) -> tuple[set[VSKey], set[IPAddress]]:
+def touched(ops: Iterable[Op]) -> tuple[set[VSKey], set[IPAddress]]:
     """The virtual servers and addresses these operations touch."""
     keys: set[VSKey] = set()
     addresses: set[IPAddress] = set()

@@ -146,7 +146,7 @@ def test_failed_operation_is_retried_after_1_2_4_s_up_to_the_period_and_reported
     assert runner.run_if_due() == 0
     assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
     assert sample(agent.metrics, "ipvsproxy_kernel_operations_total", kind="AddService",
-                  result="failed") == 1  # fmt: skip
+                  result="error") == 1  # fmt: skip
     assert next_run(runner, clock) == 1  # retried after 1 s, not at the next period
     clock.now += 1
     observations = agent.kernel.observations
