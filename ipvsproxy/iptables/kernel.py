@@ -204,6 +204,13 @@ class IptablesKernel:
                 failed = [op for op in done if _version(op) == version]
                 failures += [Failure(op, exc) for op in failed]
                 done = [op for op in done if op not in failed]
+                if not failed:  # a repair or a policy change alone: no operation to fail
+                    log.error(
+                        "IPv%d: ipvsproxy's chains could not be rewritten (%s); the next "
+                        "full sync reads them again and retries",
+                        version,
+                        exc,
+                    )
         if self._table is not None:
             self._repair, self._damage = {}, ()
         return ApplyReport(applied=len(done), failures=tuple(failures))
