@@ -73,7 +73,7 @@ def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(ns: str) -> N
         pytest.skip("the iptables tools here are not the nf_tables variant")
     commands = Counting()
     with inside(ns):
-        companion = Companion(commands=commands)
+        companion = Companion(commands=commands, generation=RulesetGeneration.open())
         companion.check()
         try:
             options, sets = Options(), wanted(IpvsState(), {})

@@ -154,8 +154,9 @@ class Companion:
     writer: SetWriter | None = None
     # nf_tables' generation id, read before each save of the chains: unchanged since the
     # last save (and the tools are iptables-nft) -> the chains saved then still hold, and a
-    # resync runs no `iptables-save` (see iptables/generation.py). Opened by check(), in
-    # the namespace the tools run in (never with a `commands.prefix`).
+    # resync runs no `iptables-save` (see iptables/generation.py). Opened by check() for a
+    # companion with a netlink reader (the agent's, closed by close()), in the namespace the
+    # tools run in (never with a `commands.prefix`).
     generation: RulesetGeneration | None = None
     _chains: tuple[int, Mapping[tuple[int, str], Saved]] | None = field(
         default=None, init=False, repr=False
@@ -191,8 +192,8 @@ class Companion:
             self.commands.run([TOOLS[6][0], "-t", "nat"])
         except KernelError:
             self.versions = (4,)
-        if self.generation is None and not self.commands.prefix:
-            self.generation = RulesetGeneration.open()
+        if self.generation is None and self.reader is not None and not self.commands.prefix:
+            self.generation = RulesetGeneration.open()  # with the reader: closed with it
 
     def observe(self) -> Observed:
         return Observed(self.observe_sets(), self.observe_chains())
