@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,10 +27,22 @@ from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.nlread import SetReader
 from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.config import Config
-from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable
+from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.kernel import Kernel
-from ipvsproxy.model import EMPTY, IPAddress
+from ipvsproxy.kernel import ApplyReport, Failure, Kernel
+from ipvsproxy.model import (
+    EMPTY,
+    AddDest,
+    AddService,
+    BindAddress,
+    IPAddress,
+    IpvsState,
+    Op,
+    RSKey,
+    UpdateDest,
+    UpdateService,
+    VSKey,
+)
 from ipvsproxy.policy import LocalMode, node_policy
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
@@ -114,14 +126,71 @@ def open_backend(config: Config) -> Iterator[Backend]:
 @contextmanager
 def _ipvs_backend(config: Config, reason: str) -> Iterator[Backend]:
     """IPVS with its companion rules, both checked before anything on the node changes
-    (opening them changes nothing)."""
-    with _ipvs(config) as kernel:
+    (opening them changes nothing). A family the companion cannot protect (IPv6 without
+    ip6tables) gets no virtual server or VIP at all: `FailClosed`."""
+    with _ipvs(config) as ipvs:
         companion, missing = _companion(config)
+        kernel: Kernel = ipvs
+        if companion is not None and companion.versions != (4, 6):
+            kernel = FailClosed(ipvs, companion.versions)
         try:
             yield Backend(kernel, IPVS, reason, companion=companion, companion_missing=missing)
         finally:
             if companion is not None:
                 companion.close()
+
+
+class FailClosed:
+    """The IPVS kernel, refusing to program the IP families the companion rules do not
+    cover (IPv6 on a node without ip6tables): there a VIP would have no port filter and a
+    LoadBalancer no loadBalancerSourceRanges. Adds, updates and binds of such a family fail
+    as `Unsupported` (counted in `ipvsproxy_kernel_operations_total{result="error"}`, one
+    WARNING per virtual server); deletions pass, so nothing stale stays. kube-proxy does the
+    same: without ip6tables it runs IPv4 only."""
+
+    def __init__(self, kernel: NetlinkKernel, versions: tuple[int, ...]) -> None:
+        self.kernel = kernel
+        self.versions = versions
+        self._warned: set[object] = set()
+
+    def observe(self) -> IpvsState:
+        return self.kernel.observe()
+
+    def damage(self) -> tuple[str, ...]:
+        return self.kernel.damage()
+
+    def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
+        return self.kernel.connections(key)
+
+    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+        allowed: list[Op] = []
+        refused: list[Failure] = []
+        for op in plan:
+            match op:
+                case AddService(vs) | UpdateService(vs) if (
+                    vs.key.address.version not in self.versions
+                ):
+                    subject: object = vs.key
+                case AddDest(key, _) | UpdateDest(key, _) if (
+                    key.address.version not in self.versions
+                ):
+                    subject = key
+                case BindAddress(address) if address.version not in self.versions:
+                    subject = address
+                case _:
+                    allowed.append(op)
+                    continue
+            why = (
+                f"{subject}: not programmed (fail closed): the companion rules cannot cover "
+                "this IP family here (no ip6tables), so it would have no VIP port filter "
+                "and no loadBalancerSourceRanges"
+            )
+            if subject not in self._warned:
+                self._warned.add(subject)
+                log.warning("%s", why)
+            refused.append(Failure(op, Unsupported(why)))
+        report = self.kernel.apply(allowed, names=names) if allowed else ApplyReport()
+        return ApplyReport(report.applied, (*report.failures, *refused))
 
 
 def prepare(backend: Backend, config: Config) -> None:
@@ -134,8 +203,9 @@ def prepare(backend: Backend, config: Config) -> None:
         settings = tuple(s for s in settings if ".vs." not in s.name)
     for setting in sysctl.ensure(settings):
         log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
-    if isinstance(backend.kernel, NetlinkKernel):
-        backend.kernel.set_timeouts(
+    kernel = backend.kernel.kernel if isinstance(backend.kernel, FailClosed) else backend.kernel
+    if isinstance(kernel, NetlinkKernel):
+        kernel.set_timeouts(
             tcp=config.tcp_timeout, tcp_fin=config.tcp_fin_timeout, udp=config.udp_timeout
         )
 

@@ -107,3 +107,67 @@ def test_the_explicit_flag_runs_without_them_and_says_what_is_lost(monkeypatch, 
 
 def test_the_host_path_is_left_alone():
     assert "PATH" in os.environ  # monkeypatch.setenv restored it
+
+
+def test_a_family_the_companion_cannot_cover_gets_no_virtual_server(caplog):
+    """IPv6 on a node without ip6tables: the companion covers IPv4 only, so IPv6 virtual
+    servers and VIPs are refused (fail closed: no VIP port filter, no source ranges there),
+    each with a failure and one warning; IPv4 is programmed; deletions always pass."""
+    from ipaddress import ip_address
+
+    from ipvsproxy.backends import FailClosed
+    from ipvsproxy.errors import Unsupported
+    from ipvsproxy.model import (
+        AddDest,
+        AddService,
+        BindAddress,
+        DeleteService,
+        Op,
+        Proto,
+        RealServer,
+        RSKey,
+        VirtualServer,
+        VSKey,
+    )
+    from ipvsproxy.testing import FakeKernel
+
+    v4 = VSKey(ip_address("10.96.0.1"), 80, Proto.TCP)
+    v6 = VSKey(ip_address("fd00:96::1"), 80, Proto.TCP)
+    fake = FakeKernel()
+    kernel = FailClosed(fake, (4,))  # type: ignore[arg-type]
+    ops: list[Op] = [
+        AddService(VirtualServer(v4)),
+        AddDest(v4, RealServer(RSKey(ip_address("10.244.1.2"), 8080))),
+        BindAddress(v4.address),
+        AddService(VirtualServer(v6)),
+        AddDest(v6, RealServer(RSKey(ip_address("fd00:244::2"), 8080))),
+        BindAddress(v6.address),
+    ]
+    with caplog.at_level(logging.WARNING, logger="ipvsproxy.backends"):
+        report = kernel.apply(ops)
+        kernel.apply([AddService(VirtualServer(v6))])  # warned once per virtual server
+    assert report.applied == 3
+    assert [f.op for f in report.failures] == ops[3:]
+    assert all(isinstance(f.error, Unsupported) for f in report.failures)
+    assert "fail closed" in str(report.failures[0].error)
+    assert fake.state.services.keys() == {v4}
+    assert fake.state.bound == {v4.address}
+    assert len([r for r in caplog.records if str(v6) in r.getMessage()]) == 1
+    assert kernel.apply([DeleteService(v6)]).failures[0].op == DeleteService(v6)  # not refused:
+    # the fake has no such service, so the kernel itself answers NotFound
+    assert not isinstance(kernel.apply([DeleteService(v6)]).failures[0].error, Unsupported)
+
+
+@pytest.mark.parametrize(("versions", "guarded"), [((4,), True), ((4, 6), False)])
+def test_ipvs_is_guarded_only_when_the_companion_lacks_a_family(monkeypatch, versions, guarded):
+    from contextlib import nullcontext
+
+    from ipvsproxy.backends import FailClosed, _ipvs_backend
+    from ipvsproxy.testing import FakeKernel
+
+    monkeypatch.setattr(backends, "_ipvs", lambda config: nullcontext(FakeKernel()))
+    companion = Companion(versions=versions)
+    monkeypatch.setattr(backends, "_companion", lambda config: (companion, ""))
+    with _ipvs_backend(Config(), "test") as backend:
+        assert isinstance(backend.kernel, FailClosed) is guarded
+        assert backend.companion is companion
