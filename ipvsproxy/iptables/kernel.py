@@ -130,6 +130,24 @@ class IptablesKernel:
         """Look each virtual server's access up with `access` from now on (see __init__)."""
         self._access = access
 
+    def refresh(self, keys: Iterable[VSKey]) -> None:
+        """Look the access of `keys` up again and rewrite the chains of those whose access
+        changed (a Service that only gained or lost loadBalancerSourceRanges plans no
+        operation): the partial pass's hook, so such a change need not wait for the next
+        full sync. KernelError when the write is refused (the next full sync retries)."""
+        table = self._table
+        if table is None or self._access is None:
+            return  # nothing known yet: the next observe() and apply() render everything
+        table.set_access(self._lookup(keys))
+        for version, chains in table.changes().items():
+            payload = patch(chains)
+            if payload and version in self._families:
+                try:
+                    self._restore(version, payload)
+                except KernelError:
+                    self._table = None  # unknown now: read again before the next apply
+                    raise
+
     def _lookup(self, keys: Iterable[VSKey]) -> Mapping[VSKey, AccessLike]:
         return self._access(keys) if self._access is not None else {}
 

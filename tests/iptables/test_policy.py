@@ -267,3 +267,30 @@ def test_both_backends_decide_alike(access, masquerade_all, cidr):
     assert nodes.cluster_ip_masquerade(4) == (
         "" if masquerade_all else ("! -s 10.244.0.0/16 " if cidr else None)
     )
+
+
+def test_refresh_rewrites_only_what_an_access_change_alters():
+    """The partial pass's hook: the Service gains its ranges, `refresh()` writes the
+    LoadBalancer's chains (one restore) and nothing else."""
+    open_ = balanced(loadBalancerSourceRanges=[])
+    current = {"desired": open_}
+    commands = ScriptedCommands()
+    kernel = IptablesKernel(
+        commands=commands,
+        access=lambda keys: {
+            k: current["desired"].access[k] for k in keys if k in current["desired"].access
+        },
+    )
+    assert kernel.apply(plan(open_.state, kernel.observe(), ownership=EVERYTHING)).ok
+    commands.calls.clear()
+    kernel.refresh(open_.state.services)  # nothing changed: nothing written
+    assert commands.calls == []
+    current["desired"] = balanced()
+    kernel.refresh(open_.state.services)
+    assert commands.tools() == ["iptables-restore"]
+    lb = svc_chain(key(LB_IP))
+    assert commands.declared() == {lb, EXT_PREFIX + lb[11:]}
+    assert not reaches(commands.tables[4], OUTSIDE, key(LB_IP))
+    assert reaches(commands.tables[4], INSIDE, key(LB_IP))
+    assert kernel.observe() is not None
+    assert kernel.damage() == ()
