@@ -18,7 +18,8 @@ The tracker (sync/tracker.py) hands over the changed Services already parsed; ea
 translated (`translate_service`) into the `DesiredIndex`, which says which virtual servers
 may have changed. The full and the partial path plan with the same functions (sync/engine.py).
 
-Imports: companion, sync.*, kernel, model, config, api, errors.
+Imports: companion, iptables (the fallback's access hooks), sync.*, kernel, model, config,
+api, errors.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ipvsproxy.companion.kernel import Companion, CompanionPlan, Observed, plan_
 from ipvsproxy.companion.step import options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound
+from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
     AddDest,
@@ -171,6 +173,10 @@ class Pipeline:
     def __post_init__(self) -> None:
         self._refusals = Refusals(default=self.config.scheduler)
         self._backoff = Backoff(cap=self.config.sync_period, clock=self.clock)
+        if isinstance(self.kernel, IptablesKernel):
+            # The fallback renders each virtual server's access (source ranges, traffic
+            # policy) through policy.py, as the companion does: it looks them up here.
+            self.kernel.use_access(self.index.access_of)
 
     @property
     def refusals(self) -> Refusals:
@@ -308,6 +314,8 @@ class Pipeline:
             self.table.seed(ipvs.observed)
             self._observed_once = True
         result = apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
+        if isinstance(self.kernel, IptablesKernel) and planned.keys:
+            self._refresh_fallback(planned.keys)
         failed = {failure.op for failure in result.report.failures}
         applied = [op for op in ipvs.plan if op not in failed]
         self.table.advance(applied)
@@ -339,6 +347,17 @@ class Pipeline:
             refused=frozenset(refused),
             recovered=frozenset(recovered),
         )
+
+    def _refresh_fallback(self, keys: frozenset[VSKey]) -> None:
+        """A partial pass on the fallback: a Service whose access changed with no IPVS
+        operation (it only gained or lost source ranges) gets its chains rewritten now, not
+        at the next full sync. Refused: logged, and the next pass is a full one."""
+        assert isinstance(self.kernel, IptablesKernel)
+        try:
+            self.kernel.refresh(keys)
+        except KernelError as exc:
+            log.error("fallback rules of changed access: %s", exc)
+            self._observed_once = False
 
     def _apply_companion(self, planned: PassPlan) -> tuple[int, str]:
         """Write the companion's plan; (changes written, error). After an error the set
