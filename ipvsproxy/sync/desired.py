@@ -187,10 +187,13 @@ def _frontends(
 ) -> Iterable[_Frontend]:
     for ip in svc.cluster_ips:
         yield _Frontend(ip, port.port, external=False, bind=True)
-    for ip in svc.external_ips:
-        yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.EXTERNAL_IP)
+    # LoadBalancer IPs before externalIPs: an address listed as both is one virtual server,
+    # and it must keep the LoadBalancer's source ranges (fail closed; kube-proxy's
+    # LOAD-BALANCER-FW matches it whatever else lists it)
     for ip in svc.lb_ingress_ips:
         yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.LOAD_BALANCER)
+    for ip in svc.external_ips:
+        yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.EXTERNAL_IP)
     if port.node_port and svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
         for ip in node.addresses:
             if config.selects_nodeport_address(ip):

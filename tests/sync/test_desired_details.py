@@ -30,10 +30,8 @@ def lb_service(**spec):
     return service(
         type="LoadBalancer",
         ports=[port(node_port=31000)],
-        externalIPs=["198.51.100.7"],
         status=LB_STATUS,
-        loadBalancerSourceRanges=RANGES,
-        **spec,
+        **{"externalIPs": ["198.51.100.7"], "loadBalancerSourceRanges": RANGES, **spec},
     )
 
 
@@ -48,6 +46,15 @@ def test_source_ranges_reach_only_the_load_balancer_ingress_entries():
         V("203.0.113.1").key: Access(Reach.LOAD_BALANCER, source_ranges=ranges),
         V("192.168.0.10", 31000).key: Access(Reach.NODE_PORT),
     }
+
+
+def test_an_address_both_load_balancer_ip_and_external_ip_keeps_the_source_ranges():
+    """The same IP as a LoadBalancer ingress and an externalIP is one virtual server; it
+    keeps the LoadBalancer's source ranges (fail closed), whatever order lists it."""
+    desired = translate(lb_service(externalIPs=["203.0.113.1"]), WEB_SLICE, node())
+    ranges = tuple(ip_network(r) for r in RANGES)
+    assert desired.access[V("203.0.113.1").key] == Access(Reach.LOAD_BALANCER, source_ranges=ranges)
+    assert not [w for w in desired.warnings if "already used" in w]
 
 
 def test_external_traffic_policy_local_marks_and_restricts_every_external_frontend():
