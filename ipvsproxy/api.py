@@ -7,7 +7,7 @@ field of the wrong JSON type: a string where an object belongs, a number for a l
 warning that names it and the field; every other object is still parsed. The `parse_*`
 functions raise `Malformed` and nothing else, whatever JSON (or YAML: dates, sets) a field
 holds; a null field reads as an absent one. Field meanings follow the core/v1 Service and
-discovery.k8s.io/v1 EndpointSlice API reference.
+discovery.k8s.io/v1 EndpointSlice API reference (endpoints' topology hints included).
 
 Imports: model, the standard library. Never the Kubernetes client: raw dicts only.
 """
@@ -31,6 +31,7 @@ Ref = tuple[str, str]  # (namespace, name) of an object; namespace "" for cluste
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+ZONE_LABEL = "topology.kubernetes.io/zone"  # a Node's zone, matched by endpoints' zone hints
 # Only labels and annotations under these prefixes are kept in a view: the others (notably
 # kubectl's last-applied-configuration, a copy of the whole object) are never read.
 KEPT_META_PREFIXES = (
@@ -100,6 +101,10 @@ class EndpointView:
     serving: bool = True
     terminating: bool = False
     node_name: str = ""
+    # topology hints (discovery/v1 EndpointHints): the zones and nodes this endpoint should
+    # serve; empty when the endpoint carries none (kube-proxy's CategorizeEndpoints)
+    zone_hints: frozenset[str] = frozenset()
+    node_hints: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,11 @@ class NodeView:
     addresses: tuple[IPAddress, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     pod_cidrs: tuple[IPNetwork, ...] = ()  # spec.podCIDRs (--detect-local-mode NodeCIDR)
+
+    @property
+    def zone(self) -> str:
+        """The node's zone label (kept: under KEPT_META_PREFIXES); "" when unlabelled."""
+        return self.labels.get(ZONE_LABEL, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +400,30 @@ def _endpoint(item: object, where: str, version: int) -> EndpointView:
     elif not isinstance(node, str):
         raise _wrong(f"{where}.nodeName", node, "a string")
     node = sys.intern(node)  # a few node names, 100,000s of endpoints
-    return EndpointView(address, ready, serving, terminating, node)
+    hints = item.get("hints")
+    if hints is None:
+        return EndpointView(address, ready, serving, terminating, node)
+    zones, nodes = _hints(hints, f"{where}.hints")
+    return EndpointView(address, ready, serving, terminating, node, zones, nodes)
+
+
+def _hints(hints: object, where: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(zone names, node names) of an endpoint's `hints.forZones` / `hints.forNodes`."""
+    hints = _object(hints, where)
+    out = []
+    for key in ("forZones", "forNodes"):
+        names = []
+        for i, item in enumerate(_list(hints.get(key), f"{where}.{key}")):
+            at = f"{where}.{key}[{i}]"
+            name = _object(item, at, required=True).get("name")
+            if name is None or name == "":
+                raise Malformed(f"{at}.name is missing", field=f"{at}.name")
+            names.append(sys.intern(_str(name, f"{at}.name")))
+        out.append(frozenset(names) if names else _NO_HINTS)
+    return out[0], out[1]
+
+
+_NO_HINTS: frozenset[str] = frozenset()
 
 
 def _conditions(cond: object, where: str) -> tuple[bool, bool, bool]:

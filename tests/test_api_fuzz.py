@@ -191,6 +191,7 @@ SLICE: dict[str, Any] = {
             "addresses": ["10.244.0.1"],
             "conditions": {"ready": True, "serving": True, "terminating": False},
             "nodeName": "node-a",
+            "hints": {"forZones": [{"name": "a"}], "forNodes": [{"name": "node-a"}]},
         }
     ],
 }
