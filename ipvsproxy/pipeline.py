@@ -56,7 +56,13 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.sync.desired import Access, node_warnings, translate_service
+from ipvsproxy.sync.desired import (
+    Access,
+    Contribution,
+    Entry,
+    node_warnings,
+    translate_service,
+)
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.engine import Planned, SyncResult, apply_pass, plan_pass
 from ipvsproxy.sync.failures import Backoff, Refusals
@@ -201,6 +207,8 @@ class Pipeline:
                 if svc is not None
                 else None
             )
+            if contribution is not None:
+                contribution = _reusing(contribution, self.index)
             keys = self.index.update(ref, contribution)
             self._keys |= keys
             self._known |= keys
@@ -378,6 +386,33 @@ class Pipeline:
     def sync(self, changes: Changes, *, full: bool) -> PassResult:
         self.feed(changes)
         return self.apply(self.plan(full=full))
+
+
+def _reusing(contribution: Contribution, index: DesiredIndex) -> Contribution:
+    """The contribution with the objects the index already holds where they are equal.
+
+    A changed Service is translated whole: one endpoint replaced makes ten new destination
+    objects, and the kernel's table (which gets only the one that changed) keeps the nine
+    old ones. Without this, desired state and table drift into separate copies of every
+    destination touched since start (at 10,000 Services x 10 a soak of 100 changes a second
+    grew the heap by a quarter in 3 minutes before every Service had been touched; flat at
+    1,000). Equal objects shared, the planner's comparisons also hit the identity fast path."""
+    entries: dict[VSKey, Entry] = {}
+    for key, entry in contribution.entries.items():
+        held, vs = index.dests.get(key), index.services.get(key)
+        if held is None or vs is None:
+            entries[key] = entry
+            continue
+        dests = {}
+        for rs in entry.dests.values():
+            old = held.get(rs.key)
+            if old == rs:
+                rs = old  # noqa: PLW2901 - the held object, its key and address with it
+            dests[rs.key] = rs
+        if vs != entry.vs:
+            vs = entry.vs
+        entries[vs.key] = replace(entry, vs=vs, dests=dests)
+    return replace(contribution, entries=entries)
 
 
 def _retry_set(report: ApplyReport) -> tuple[set[VSKey], set[IPAddress]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ipvsproxy.api import (
@@ -181,6 +181,8 @@ class Tracker:
         old = self._slices.get(key)
         if old == view:
             return False
+        if old is not None and view is not None:
+            view = _sharing(view, old)
         self._put(self._slices, key, view)
         for s in (old, view):
             if s is None or not s.service_name:
@@ -265,3 +267,15 @@ def _annotation(obj: RawObject, name: str) -> str | None:
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     value = annotations.get(name) if isinstance(annotations, Mapping) else None
     return value if isinstance(value, str) else None
+
+
+def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceView:
+    """The new version of a slice with the old version's endpoint objects where they are
+    equal: a rollout step changes one endpoint of many, and the others (their addresses
+    also held by the desired and the kernel's tables) stay one object each, so memory does
+    not grow with every slice ever touched (pipeline.py `_reusing` does the same for the
+    destinations)."""
+    held = {ep: ep for ep in old.endpoints}
+    endpoints = tuple(held.get(ep, ep) for ep in view.endpoints)
+    ports = old.ports if old.ports == view.ports else view.ports
+    return replace(view, endpoints=endpoints, ports=ports)
