@@ -3,8 +3,12 @@
 Owns: the translation with upstream kube-proxy IPVS semantics: a virtual server per Service
 port for each ClusterIP, externalIP, LoadBalancer ingress IP and (NodePort/LoadBalancer) node
 address; endpoints matched by the Service port's name and protocol in the Service's
-EndpointSlices; ready endpoints, else serving-and-terminating ones; traffic policies;
-session affinity as IPVS persistence; per-Service schedulers. Warnings are returned as data.
+EndpointSlices; ready endpoints, else serving-and-terminating ones; topology hints
+(`categorize_endpoints`, kube-proxy's CategorizeEndpoints); traffic policies, a Local one
+without an endpoint here falling back to the cluster's (counted: `Desired.no_local_endpoints`);
+each IP family on its own (nothing of a family the Service has no ClusterIP of); the node's
+own addresses never bound; session affinity as IPVS persistence; per-Service schedulers.
+Warnings are returned as data.
 
 Imports: api, model, schedulers, config.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ipvsproxy import api
@@ -38,6 +42,18 @@ from ipvsproxy.model import (
     VSKey,
 )
 from ipvsproxy.schedulers import Choice, resolve
+
+
+class TrafficPolicy(enum.StrEnum):
+    """The label of kube-proxy's kubeproxy_sync_proxy_rules_no_local_endpoints_total."""
+
+    INTERNAL = "internal"
+    EXTERNAL = "external"
+
+
+# (traffic policy, IP version): a Local policy found no endpoint on this node in that
+# family, so the cluster's endpoints are used (kube-proxy PR 97081) and it is counted
+NoLocal = tuple[TrafficPolicy, int]
 
 
 class Reach(enum.StrEnum):
@@ -69,6 +85,9 @@ class Desired:
     # addresses of the endpoints on this node that serve some virtual server (the hairpin
     # set holds only these: kube-proxy's LOOP-BACK rule)
     local_endpoints: frozenset[IPAddress] = frozenset()
+    # Services whose Local traffic policy fell back to the cluster's endpoints, counted per
+    # (policy, IP version): kubeproxy_sync_proxy_rules_no_local_endpoints_total
+    no_local_endpoints: Mapping[NoLocal, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +108,9 @@ class Contribution:
     entries: Mapping[VSKey, Entry] = field(default_factory=dict)  # first claim per key wins
     local: frozenset[IPAddress] = frozenset()  # its endpoints on this node
     warnings: tuple[str, ...] = ()
+    # the Local traffic policies that found no endpoint on this node although the Service
+    # has some elsewhere, per IP version: its frontends use the cluster's endpoints instead
+    no_local: frozenset[NoLocal] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +123,7 @@ class _Frontend:
 
 
 # (endpoint, port number) pairs for one Service port
-_Backends = list[tuple[EndpointView, int]]
+Backends = list[tuple[EndpointView, int]]
 
 
 def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desired, NodeView]:
@@ -153,18 +175,39 @@ def translate_service(
     node: NodeView,
     config: Config,
 ) -> Contribution:
-    """What one Service asks of IPVS on this node (pure; kube-proxy's IPVS semantics)."""
+    """What one Service asks of IPVS on this node (pure; kube-proxy's IPVS semantics).
+
+    Each IP family on its own, as kube-proxy's per-family proxiers: a family without a
+    ClusterIP of the Service gets nothing (none of its externalIPs, LoadBalancer IPs, node
+    ports or endpoints)."""
     if svc.type is ServiceType.EXTERNAL_NAME or svc.headless or PROXY_NAME_LABEL in svc.labels:
         return Contribution()
     slices = [s for s in slices if s.address_type != "FQDN"]
+    families = {ip.version for ip in svc.cluster_ips}
     choice = resolve(svc.annotations, config.scheduler)
     warnings = [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
     entries: dict[VSKey, Entry] = {}
     local: set[IPAddress] = set()
+    no_local: set[NoLocal] = set()
+    external_local = svc.external_local and _externally_accessible(svc)
+    cluster_used, local_used = _uses(svc)
     for port in svc.ports:
         backends = _backends(slices, port)
-        local.update(ep.address for ep, _ in backends if ep.node_name == node.name)
+        local.update(
+            ep.address
+            for ep, _ in backends
+            if ep.node_name == node.name and ep.address.version in families
+        )
         origin = f"{svc.ref}:{port.name or port.port}"
+        by_family = {
+            v: categorize_endpoints(
+                [b for b in backends if b[0].address.version == v],
+                node,
+                cluster_used=cluster_used,
+                local_used=local_used,
+            )
+            for v in families
+        }
         for front in _frontends(svc, port, node, config):
             vs = _virtual_server(front, port, svc, choice)
             seen = entries.get(vs.key)
@@ -177,26 +220,53 @@ def translate_service(
                 local=front.external and svc.external_local,
                 source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
             )
-            rss = _real_servers(backends, front, svc, node.name)
-            entries[vs.key] = Entry(vs, {rs.key: rs for rs in rss}, front.bind, origin, access)
-    return Contribution(entries, frozenset(local), tuple(warnings))
+            eps = by_family[front.address.version]
+            usable = eps.cluster
+            if external_local if front.external else svc.internal_local:
+                usable = eps.local or eps.cluster  # kube-proxy PR 97081: pods here still reach it
+                if not eps.local and eps.has_any:
+                    no_local.update(_fell_back(svc, external_local, front.address.version))
+            dests = {rs.key: rs for rs in (RealServer(RSKey(ep.address, n)) for ep, n in usable)}
+            entries[vs.key] = Entry(vs, dests, front.bind, origin, access)
+    return Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
+
+
+def _fell_back(svc: ServiceView, external_local: bool, version: int) -> Iterable[NoLocal]:
+    """What kube-proxy counts when a Local frontend has no endpoint here: every Local
+    policy of the Service, whichever frontend found none (its syncEndpoint)."""
+    if svc.internal_local:
+        yield TrafficPolicy.INTERNAL, version
+    if external_local:
+        yield TrafficPolicy.EXTERNAL, version
+
+
+def _externally_accessible(svc: ServiceView) -> bool:
+    """kube-proxy's ExternallyAccessible: externalTrafficPolicy counts only for these."""
+    return svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER) or bool(svc.external_ips)
 
 
 def _frontends(
     svc: ServiceView, port: ServicePortView, node: NodeView, config: Config
 ) -> Iterable[_Frontend]:
+    families = {ip.version for ip in svc.cluster_ips}
     for ip in svc.cluster_ips:
         yield _Frontend(ip, port.port, external=False, bind=True)
     # LoadBalancer IPs before externalIPs: an address listed as both is one virtual server,
     # and it must keep the LoadBalancer's source ranges (fail closed; kube-proxy's
-    # LOAD-BALANCER-FW matches it whatever else lists it)
+    # LOAD-BALANCER-FW matches it whatever else lists it). An address of the node itself is
+    # not bound to the dummy device (kube-proxy's shouldBind): it is already the node's, and
+    # must not become a VIP whose other ports are rejected.
     for ip in svc.lb_ingress_ips:
-        yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.LOAD_BALANCER)
+        if ip.version in families:
+            bind = ip not in node.addresses
+            yield _Frontend(ip, port.port, external=True, bind=bind, reach=Reach.LOAD_BALANCER)
     for ip in svc.external_ips:
-        yield _Frontend(ip, port.port, external=True, bind=True, reach=Reach.EXTERNAL_IP)
+        if ip.version in families:
+            bind = ip not in node.addresses
+            yield _Frontend(ip, port.port, external=True, bind=bind, reach=Reach.EXTERNAL_IP)
     if port.node_port and svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
         for ip in node.addresses:
-            if config.selects_nodeport_address(ip):
+            if ip.version in families and config.selects_nodeport_address(ip):
                 yield _Frontend(
                     ip, port.node_port, external=True, bind=False, reach=Reach.NODE_PORT
                 )
@@ -216,7 +286,7 @@ def _virtual_server(
     )
 
 
-def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> _Backends:
+def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Backends:
     """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
     found: dict[tuple[IPAddress, int], EndpointView] = {}
     for s in slices:
@@ -229,16 +299,62 @@ def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> _Ba
     return [(ep, number) for (_, number), ep in found.items()]
 
 
-def _real_servers(
-    backends: _Backends, front: _Frontend, svc: ServiceView, node_name: str
-) -> list[RealServer]:
-    local = svc.external_local if front.external else svc.internal_local
-    candidates = [
-        (ep, n)
-        for ep, n in backends
-        if ep.address.version == front.address.version and (not local or ep.node_name == node_name)
-    ]
-    usable = [(ep, n) for ep, n in candidates if ep.ready]
-    if not usable:  # upstream: fall back to serving-and-terminating endpoints
-        usable = [(ep, n) for ep, n in candidates if ep.serving and ep.terminating]
-    return [RealServer(RSKey(ep.address, n)) for ep, n in usable]
+def _uses(svc: ServiceView) -> tuple[bool, bool]:
+    """Whether a Service's frontends ever use the cluster's endpoints, and this node's
+    (kube-proxy's ServicePort UsesClusterEndpoints / UsesLocalEndpoints)."""
+    external = _externally_accessible(svc)
+    return not svc.internal_local or external, svc.internal_local or (
+        svc.external_local and external
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Categorized:
+    """One family's endpoints of a Service port, as kube-proxy's CategorizeEndpoints
+    sorts them."""
+
+    cluster: Backends  # for policy Cluster, topology applied (empty if never used)
+    local: Backends  # this node's, for policy Local (empty if never used)
+    has_any: bool  # a usable endpoint anywhere in the cluster
+
+
+def categorize_endpoints(
+    backends: Backends, node: NodeView, *, cluster_used: bool, local_used: bool
+) -> Categorized:
+    """kube-proxy's CategorizeEndpoints over one family's endpoints of a Service port:
+    ready endpoints (topology hints applied to the cluster set only), else the serving and
+    terminating ones, independently for the cluster and the local set."""
+    cluster: Backends = []
+    if cluster_used:
+        wanted = _topology(backends, node)
+        cluster = [(ep, n) for ep, n in backends if ep.ready and wanted(ep)]
+        if not cluster:  # no ready endpoint anywhere (topology never empties the set)
+            cluster = [(ep, n) for ep, n in backends if ep.serving and ep.terminating]
+    has_any = any(ep.ready or (ep.serving and ep.terminating) for ep, _ in backends)
+    local: Backends = []
+    if local_used:
+        here = [(ep, n) for ep, n in backends if ep.node_name == node.name]
+        local = [(ep, n) for ep, n in here if ep.ready]
+        if not local:
+            local = [(ep, n) for ep, n in here if ep.serving and ep.terminating]
+    return Categorized(cluster, local, has_any)
+
+
+def _topology(backends: Backends, node: NodeView) -> Callable[[EndpointView], bool]:
+    """Which ready endpoints this node uses (kube-proxy's topologyModeFromHints): those
+    hinted for this node, when every ready endpoint has node hints and one names this node;
+    else those hinted for this node's zone, when every ready endpoint has zone hints and one
+    names the zone; else all of them."""
+    ready = [ep for ep, _ in backends if ep.ready]
+    if not ready:
+        return _ANY
+    name, zone = node.name, node.zone
+    if all(ep.node_hints for ep in ready) and any(name in ep.node_hints for ep in ready):
+        return lambda ep: name in ep.node_hints
+    if all(ep.zone_hints for ep in ready) and any(zone in ep.zone_hints for ep in ready):
+        return lambda ep: zone in ep.zone_hints
+    return _ANY
+
+
+def _ANY(ep: EndpointView) -> bool:
+    return True

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Container, Iterable, Mapping
+from typing import TypeVar
 
 from ipvsproxy.api import Ref
 from ipvsproxy.model import IPAddress, IpvsState, RealServer, RSKey, VirtualServer, VSKey
-from ipvsproxy.sync.desired import Access, Contribution, Desired, Entry
+from ipvsproxy.sync.desired import Access, Contribution, Desired, Entry, NoLocal
 
 _EMPTY = Contribution()
+K = TypeVar("K")
 
 
 class DesiredIndex:
@@ -37,6 +39,7 @@ class DesiredIndex:
         self._warned: set[Ref] = set()  # contributions with warnings of their own
         self._conflicts: set[VSKey] = set()  # keys claimed by more than one Service
         self.dest_count = 0  # destinations of all desired virtual servers
+        self._no_local: dict[NoLocal, int] = {}  # Services whose Local policy fell back
 
     def __len__(self) -> int:
         return len(self.services)
@@ -47,7 +50,9 @@ class DesiredIndex:
         new = contribution or _EMPTY
         self._count(self._local, old.local, -1)
         self._count(self._local, new.local, +1)
-        if new.entries or new.local or new.warnings:
+        self._count(self._no_local, old.no_local, -1)
+        self._count(self._no_local, new.no_local, +1)
+        if new.entries or new.local or new.warnings or new.no_local:
             self._contributions[ref] = new
         if new.warnings:
             self._warned.add(ref)
@@ -90,7 +95,7 @@ class DesiredIndex:
             self._count(self._binders, (key.address,), +1)
 
     @staticmethod
-    def _count(counts: dict[IPAddress, int], addresses: Iterable[IPAddress], step: int) -> None:
+    def _count(counts: dict[K, int], addresses: Iterable[K], step: int) -> None:
         for address in addresses:
             n = counts.get(address, 0) + step
             if n:
@@ -99,6 +104,11 @@ class DesiredIndex:
                 del counts[address]
 
     # ---- reading ------------------------------------------------------------------------------
+
+    def no_local_endpoints(self) -> dict[NoLocal, int]:
+        """How many Services' Local traffic policy fell back to the cluster's endpoints,
+        per (policy, IP version): kubeproxy_sync_proxy_rules_no_local_endpoints_total."""
+        return dict(self._no_local)
 
     def local_endpoints(self) -> frozenset[IPAddress]:
         return frozenset(self._local)
@@ -140,4 +150,11 @@ class DesiredIndex:
         state = IpvsState(dict(self.services), dict(self.dests), frozenset(self._binders))
         access: dict[VSKey, Access] = {k: e.access for k, e in self._winners.items()}
         origins = {k: e.origin for k, e in self._winners.items()}
-        return Desired(state, origins, self.warnings(), access, self.local_endpoints())
+        return Desired(
+            state,
+            origins,
+            self.warnings(),
+            access,
+            self.local_endpoints(),
+            self.no_local_endpoints(),
+        )

@@ -88,7 +88,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any], IpvsState]] = {
         {},
         S({V("10.96.0.10"): BOTH}, "10.96.0.10"),
     ),
-    "nodeport on every node address, not bound": (
+    "nodeport on every node address of the Service's family, not bound": (
         [
             service(type="NodePort", ports=[port(node_port=30080)]),
             WEB_SLICE,
@@ -100,7 +100,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any], IpvsState]] = {
                 V("10.96.0.10"): BOTH,
                 V("192.168.0.10", 30080): BOTH,
                 V("10.0.0.10", 30080): BOTH,
-                V("fd00:1::10", 30080): [],  # no IPv6 endpoints
+                # no V("fd00:1::10", 30080): an IPv4-only Service gets nothing in IPv6
             },
             "10.96.0.10",
         ),
