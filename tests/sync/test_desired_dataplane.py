@@ -112,6 +112,13 @@ def test_both_policies_local_are_counted_once_each_whatever_the_ports():
     assert desired.no_local_endpoints == {(INTERNAL, 4): 1, (EXTERNAL, 4): 1}
 
 
+def test_external_policy_of_a_service_with_no_external_frontend_is_not_counted():
+    """kube-proxy's ExternalPolicyLocal holds only for an externally accessible Service."""
+    svc = service(internalTrafficPolicy="Local", externalTrafficPolicy="Local")
+    desired = translate(svc, REMOTE, node())
+    assert desired.no_local_endpoints == {(INTERNAL, 4): 1}
+
+
 def test_no_endpoint_anywhere_is_not_counted():
     svc = service(type="NodePort", ports=[port(node_port=30080)], externalTrafficPolicy="Local")
     not_serving = slice_(endpoints=[ep("10.244.2.1", ready=False, serving=False, node="node-b")])
