@@ -130,6 +130,8 @@ class SyncPass:
             draining=result.sync.draining,
             triggers=changes.trigger_times,
         )
+        fell_back = self.pipeline.index.no_local_endpoints()
+        self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         if result.companion_error:
             log.error("companion rules: %s", result.companion_error)
         else:

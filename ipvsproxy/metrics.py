@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -85,6 +85,13 @@ class Metrics:
             "ipvsproxy_backend", "The kernel backend in use (1 for the one in use)", ["backend"],
             registry=r,
         )  # fmt: skip
+        self.no_local_endpoints = Gauge(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Services with a Local traffic policy and no endpoint on this node (their "
+            "frontends use the cluster's endpoints instead), by policy and IP family",
+            ["traffic_policy", "ip_family"],
+            registry=r,
+        )
         self.watch_restarts = Counter(
             "ipvsproxy_watch_restarts",
             "Watch streams restarted, by resource and reason",
@@ -140,6 +147,12 @@ class Metrics:
                 started = _timestamp(trigger)
                 if started is not None and now >= started:
                     self.programming.observe(now - started)
+
+    def no_local(self, counts: Mapping[tuple[str, int], int]) -> None:
+        """kube-proxy's gauge, every (policy, family) set (0 when none fell back)."""
+        for policy in ("internal", "external"):
+            for version, family in ((4, "IPv4"), (6, "IPv6")):
+                self.no_local_endpoints.labels(policy, family).set(counts.get((policy, version), 0))
 
     def sync_error(self) -> None:
         self.syncs.labels("error").inc()
