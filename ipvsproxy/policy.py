@@ -17,6 +17,18 @@ masqueraded or who may reach a LoadBalancer. kube-proxy's iptables mode is the r
   NodePort        all, unless externalTrafficPolicy: Local      never          no
   (any)           hairpin: an endpoint reaching itself through its Service
 
+Without local detection and without --masquerade-all, the node's own connections to a
+ClusterIP (and a hostNetwork pod's) are masqueraded when their source address is a VIP
+(`vip_source_masquerade()`, kube-proxy's third branch in the IPVS proxier's
+writeIptablesRules: `--match-set KUBE-CLUSTER-IP src,dst`): in IPVS mode every VIP is on
+the dummy device, so the kernel picks the VIP itself as the source address, and a backend
+on another node would answer a VIP that is local there, losing the reply.
+
+The filter table's forwarding policy (`forward_rules()`, kube-proxy's KUBE-FORWARD, jumped
+to from FORWARD): drop conntrack INVALID packets (unless the kernel is liberal about TCP
+windows), accept what carries the masquerade mark and every RELATED,ESTABLISHED flow, so
+that Service traffic keeps flowing on hosts whose FORWARD policy is DROP (Docker sets it).
+
 Source ranges belong to LoadBalancer ingress frontends only, never to the ClusterIP,
 externalIP or NodePort frontends of the same Service (kube-proxy's KUBE-FW- chain hangs off
 the LoadBalancer IP alone). A range list with nothing of a frontend's IP family lets no one in
@@ -54,6 +66,8 @@ class NodePolicy:
     local_mode: LocalMode = LocalMode.NONE
     local_cidrs: tuple[IPNetwork, ...] = ()  # ClusterCIDR / NodeCIDR modes
     interface: str = ""  # the prefix or the bridge (validated by config.parse_interface_name)
+    # net.netfilter.nf_conntrack_tcp_be_liberal is set: kube-proxy then drops no INVALID packet
+    conntrack_tcp_liberal: bool = False
 
     @property
     def bit(self) -> int:
@@ -83,8 +97,32 @@ class NodePolicy:
             return ""
         return self.outside(version)
 
+    def vip_source_masquerade(self, version: int) -> bool:
+        """Whether node traffic whose source address is a ClusterIP (to that Service's
+        port) is marked for masquerade: exactly when ClusterIP traffic is not otherwise
+        (kube-proxy's IPVS mode, no --masquerade-all and no local detector). Only IPVS mode
+        binds VIPs to a device; the iptables fallback binds none, so there the source of
+        the node's connections is one of its own addresses and nothing is needed."""
+        return self.cluster_ip_masquerade(version) is None
+
 
 DEFAULT_NODE = NodePolicy()  # no flags: kube-proxy's defaults
+
+
+def forward_rules(chain: str, node: NodePolicy) -> tuple[str, ...]:
+    """The forwarding chain `chain` (kube-proxy's KUBE-FORWARD) as `iptables-save` prints
+    it, the same for both IP versions and both backends."""
+    rules = [] if node.conntrack_tcp_liberal else [f"-A {chain} {_CT} INVALID -j DROP"]
+    return (
+        *rules,
+        f'-A {chain} -m comment --comment "ipvsproxy forwarding rules" '
+        f"-m mark --mark {node.mark} -j ACCEPT",
+        f'-A {chain} -m comment --comment "ipvsproxy forwarding conntrack rule" '
+        f"{_CT} RELATED,ESTABLISHED -j ACCEPT",
+    )
+
+
+_CT = "-m conntrack --ctstate"
 
 
 def node_policy(config: Config, pod_cidrs: tuple[IPNetwork, ...] = ()) -> NodePolicy:

@@ -7,13 +7,25 @@ not grow with Services) add:
 
   nat  PREROUTING  -> IPVSPROXY-SERVICES   mark for masquerade: ClusterIP traffic from
        OUTPUT      -> IPVSPROXY-OUTPUT     outside the cluster (--detect-local-mode, or
-                                           everything with --masquerade-all), externalIP/LB
+                                           everything with --masquerade-all; without
+                                           either, the node's own connections whose
+                                           source is a VIP: `src,dst`), externalIP/LB
                                            and NodePort traffic (policy Cluster)
        POSTROUTING -> IPVSPROXY-POSTROUTING  hairpin (LOOP-BACK) and marked traffic
                                            masqueraded, the mark cleared
   filter INPUT     -> IPVSPROXY-FILTER     loadBalancerSourceRanges enforced (DROP); VIP
                                            traffic to a port that is no Service port
                                            rejected (kubernetes#72236)
+         FORWARD   -> IPVSPROXY-FORWARD    INVALID dropped; marked packets and
+                                           RELATED,ESTABLISHED flows accepted (replies of
+                                           IPVS-NAT connections pass FORWARD: on a host
+                                           whose FORWARD policy is DROP they would be lost)
+
+The VIP-source rule (kube-proxy's third branch in writeIptablesRules, in KUBE-SERVICES,
+which kube-proxy jumps to from PREROUTING and OUTPUT) sits in IPVSPROXY-OUTPUT only: a
+packet whose source is a VIP is one this node made (the VIPs are on its dummy device, so
+the kernel picks the VIP as the source of a connection to it); from PREROUTING it would
+be spoofed.
 
 IPVS sees VIP traffic in LOCAL_IN after the filter table's INPUT chain, so both filters act
 before IPVS forwards anything.
@@ -35,7 +47,7 @@ from ipvsproxy.companion.sets import (
     SetSpec,
 )
 from ipvsproxy.iptables.rules import Ruleset
-from ipvsproxy.policy import LocalMode, NodePolicy
+from ipvsproxy.policy import LocalMode, NodePolicy, forward_rules
 
 __all__ = ["FILTER_JUMPS", "NAT_JUMPS", "PREFIX", "LocalMode", "NodePolicy", "Options", "render"]
 
@@ -45,6 +57,7 @@ OUTPUT = "IPVSPROXY-OUTPUT"
 POSTROUTING = "IPVSPROXY-POSTROUTING"
 MARK_MASQ = "IPVSPROXY-MARK-MASQ"
 FILTER = "IPVSPROXY-FILTER"
+FORWARD = "IPVSPROXY-FORWARD"
 
 NAT_JUMPS: tuple[tuple[str, str], ...] = (
     ("PREROUTING", f'-m comment --comment "ipvsproxy ipvs services" -j {SERVICES}'),
@@ -53,6 +66,7 @@ NAT_JUMPS: tuple[tuple[str, str], ...] = (
 )
 FILTER_JUMPS: tuple[tuple[str, str], ...] = (
     ("INPUT", f'-m comment --comment "ipvsproxy ipvs filter" -j {FILTER}'),
+    ("FORWARD", f'-m comment --comment "ipvsproxy ipvs forward" -j {FORWARD}'),
 )
 
 
@@ -74,6 +88,8 @@ def render(version: int, options: Options) -> dict[str, Ruleset]:
     if cluster is not None:
         prerouting.append(f"-A {SERVICES} {cluster}{match(CLUSTER_IP, 'dst,dst')} {mark}")
         output.append(f"-A {OUTPUT} {match(CLUSTER_IP, 'dst,dst')} {mark}")
+    if options.vip_source_masquerade(version):
+        output.append(f"-A {OUTPUT} {match(CLUSTER_IP, 'src,dst')} {mark}")
     for chain, rules in ((SERVICES, prerouting), (OUTPUT, output)):
         rules.append(f"-A {chain} {match(EXTERNAL_IP, 'dst,dst')} {mark}")
         rules.append(f"-A {chain} {match(NODE_PORT, 'dst,dst')} {mark}")
@@ -99,7 +115,8 @@ def render(version: int, options: Options) -> dict[str, Ruleset]:
                 f"-A {FILTER} {match(SERVICE_PORTS, 'dst,dst')} -j RETURN",
                 f"-A {FILTER} -m conntrack --ctstate NEW {match(VIPS, 'dst')} "
                 f"-j REJECT --reject-with {reject}",
-            )
+            ),
+            FORWARD: forward_rules(FORWARD, options),
         }
     )
     return {"nat": nat, "filter": filter_}

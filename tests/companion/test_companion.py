@@ -77,7 +77,7 @@ def test_load_balancer_source_ranges_become_a_firewall_with_allowed_ranges():
 def test_rule_count_does_not_grow_with_services():
     options = Options(local_mode=LocalMode.CLUSTER_CIDR, local_cidrs=(ip_network("10.244.0.0/16"),))
     counts = {t: sum(len(r) for r in rs.chains.values()) for t, rs in render(4, options).items()}
-    assert counts == {"nat": 11, "filter": 3}
+    assert counts == {"nat": 11, "filter": 6}
 
 
 def test_local_detection_modes():
