@@ -194,8 +194,9 @@ class FailClosed:
 
 
 def prepare(backend: Backend, config: Config) -> None:
-    """Kernel settings the backend needs (sysctls; IPVS connection timeouts)."""
-    from ipvsproxy.netlink import sysctl
+    """Kernel settings the backend needs (sysctls; conntrack, as kube-proxy; IPVS
+    connection timeouts)."""
+    from ipvsproxy.netlink import conntrack_settings, sysctl
     from ipvsproxy.netlink.kernel import NetlinkKernel
 
     settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
@@ -203,6 +204,11 @@ def prepare(backend: Backend, config: Config) -> None:
         settings = tuple(s for s in settings if ".vs." not in s.name)
     for setting in sysctl.ensure(settings):
         log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
+    conntrack = conntrack_settings.ensure(conntrack_settings.settings_of(config))
+    for write in conntrack.changed:
+        log.info("set %s=%s (conntrack, as kube-proxy)", write.name, write.value)
+    for warning in conntrack.warnings:  # a warning, not a crash: see conntrack_settings
+        log.warning("%s", warning)
     kernel = backend.kernel.kernel if isinstance(backend.kernel, FailClosed) else backend.kernel
     if isinstance(kernel, NetlinkKernel):
         kernel.set_timeouts(
@@ -214,7 +220,7 @@ def prepare_host(config: Config) -> list[str]:
     """Before the agent starts, with privileges the agent itself need not have (the
     DaemonSet's init container): load the IPVS modules if there are any, and set every
     kernel setting either backend needs. What was done, in words."""
-    from ipvsproxy.netlink import sysctl
+    from ipvsproxy.netlink import conntrack_settings, sysctl
 
     done = []
     for module in ("ip_vs", config.scheduler.module, "dummy"):
@@ -234,6 +240,10 @@ def prepare_host(config: Config) -> list[str]:
     done += [f"set {s.name}={s.value}: {s.why}" for s in changed]
     unchanged = [s for s in settings if s not in changed]
     done += [f"{s.name}={s.value} already" for s in unchanged]
+    conntrack = conntrack_settings.ensure(conntrack_settings.settings_of(config))
+    done += [f"set {w.name}={w.value} (conntrack, as kube-proxy)" for w in conntrack.changed]
+    for warning in conntrack.warnings:  # a warning, not a failure: see conntrack_settings
+        log.warning("%s", warning)
     return done
 
 

@@ -329,6 +329,80 @@ def duration(name: str, default: str, text: str) -> Callable[[F], F]:
     return click.option(name, default=default, show_default=True, metavar="DURATION", help=text)
 
 
+def conntrack_options(func: F) -> F:
+    """kube-proxy's `--conntrack-*` flags, names and defaults (cmd/kube-proxy/app/options.go)."""
+    count = click.IntRange(min=0)
+    options = [
+        click.option(
+            "--conntrack-max-per-core",
+            type=count,
+            default=32768,
+            show_default=True,
+            help="Maximum number of NAT connections to track per CPU core (0 to leave the "
+            "limit as-is and ignore --conntrack-min).",
+        ),
+        click.option(
+            "--conntrack-min",
+            type=count,
+            default=131072,
+            show_default=True,
+            help="Minimum number of conntrack entries to allocate, regardless of "
+            "--conntrack-max-per-core.",
+        ),
+        duration(
+            "--conntrack-tcp-timeout-established",
+            "24h0m0s",
+            "Idle timeout for established TCP connections (0 to leave as-is).",
+        ),
+        duration(
+            "--conntrack-tcp-timeout-close-wait",
+            "1h0m0s",
+            "NAT timeout for TCP connections in the CLOSE_WAIT state (0 to leave as-is).",
+        ),
+        click.option(
+            "--conntrack-tcp-be-liberal",
+            is_flag=True,
+            help="Enable liberal mode for tracking TCP packets (nf_conntrack_tcp_be_liberal=1).",
+        ),
+        duration(
+            "--conntrack-udp-timeout",
+            "0s",
+            "Idle timeout for UNREPLIED UDP connections (0 to leave as-is).",
+        ),
+        duration(
+            "--conntrack-udp-timeout-stream",
+            "0s",
+            "Idle timeout for ASSURED UDP connections (0 to leave as-is).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
+    """The `Config` fields of the `--conntrack-*` options (popped from `opts`); durations
+    in whole seconds, as kube-proxy truncates them."""
+
+    def seconds(name: str) -> int:
+        return int(parse_duration(opts.pop(name), option="--" + name.replace("_", "-")))
+
+    return {
+        "conntrack_max_per_core": opts.pop("conntrack_max_per_core"),
+        "conntrack_min": opts.pop("conntrack_min"),
+        "conntrack_tcp_be_liberal": opts.pop("conntrack_tcp_be_liberal"),
+        **{
+            name: seconds(name)
+            for name in (
+                "conntrack_tcp_timeout_established",
+                "conntrack_tcp_timeout_close_wait",
+                "conntrack_udp_timeout",
+                "conntrack_udp_timeout_stream",
+            )
+        },
+    }
+
+
 @main.command()
 @source_options
 @click.option("--once", is_flag=True, help="Sync once, then exit (0: all applied, 1: failures).")
@@ -353,6 +427,7 @@ def duration(name: str, default: str, text: str) -> Callable[[F], F]:
 @click.option("--tcp-timeout", type=click.IntRange(min=0), default=0, help="IPVS TCP timeout, s.")
 @click.option("--tcp-fin-timeout", type=click.IntRange(min=0), default=0, help="... TCP FIN, s.")
 @click.option("--udp-timeout", type=click.IntRange(min=0), default=0, help="IPVS UDP timeout, s.")
+@conntrack_options
 @node_options
 @errors_to_exit
 def run(once: bool, **opts: Any) -> None:
@@ -408,6 +483,7 @@ def run_config(opts: dict[str, Any]) -> Config:
         tcp_timeout=opts.pop("tcp_timeout"),
         tcp_fin_timeout=opts.pop("tcp_fin_timeout"),
         udp_timeout=opts.pop("udp_timeout"),
+        **conntrack_config(opts),
         min_sync_period=min_sync,
         sync_period=sync_period,
         drain_timeout=drain,
@@ -442,16 +518,19 @@ def cleanup(dry_run: bool, **opts: Any) -> None:
     help="The node-wide default scheduler, whose module is loaded.",
 )
 @click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
+@conntrack_options
 @errors_to_exit
-def prepare(scheduler: str, strict_arp: bool) -> None:
+def prepare(scheduler: str, strict_arp: bool, **opts: Any) -> None:
     """Load the IPVS modules and set the kernel settings ipvsproxy needs, then exit.
 
     For a privileged init container, so that the agent itself runs with three capabilities
     and a read-only /proc/sys. `run` checks the same settings at start. Exit 0, or 3 when a
-    setting cannot be written.
+    setting cannot be written (the conntrack ones, `--conntrack-*`, only warn, as in `run`).
     """
     config = Config(
-        scheduler=parse_scheduler(scheduler, option="--scheduler"), strict_arp=strict_arp
+        scheduler=parse_scheduler(scheduler, option="--scheduler"),
+        strict_arp=strict_arp,
+        **conntrack_config(opts),
     )
     for line in agent.prepare_host(config):
         click.echo(line)

@@ -46,6 +46,15 @@ class Config:
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
     tcp_fin_timeout: int = 0
     udp_timeout: int = 0
+    # conntrack settings at start, kube-proxy's --conntrack-* and defaults (seconds; 0 leaves
+    # the kernel's value; max_per_core 0 leaves nf_conntrack_max and ignores min)
+    conntrack_max_per_core: int = 32768
+    conntrack_min: int = 131072
+    conntrack_tcp_timeout_established: int = 86400
+    conntrack_tcp_timeout_close_wait: int = 3600
+    conntrack_tcp_be_liberal: bool = False
+    conntrack_udp_timeout: int = 0
+    conntrack_udp_timeout_stream: int = 0
     min_sync_period: float = 1.0  # seconds: at most one sync per this
     sync_period: float = 30.0  # seconds: at least one full resync per this
     drain_timeout: float = 30.0  # seconds a removed endpoint may keep its connections

@@ -290,3 +290,59 @@ def test_the_companion_flag_is_passed_and_its_help_says_what_is_lost(monkeypatch
     text = " ".join(run("run", "--help").output.split())
     assert "--allow-no-companion-rules" in text
     assert "no VIP port filter, no loadBalancerSourceRanges, no masquerade" in text
+
+
+def test_run_takes_kube_proxys_conntrack_flags_with_its_defaults(monkeypatch):
+    from ipvsproxy import agent
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config))
+    assert run("run", "--kubeconfig", "kc.yaml").exit_code == 0
+    default = seen["c"]
+    assert (default.conntrack_max_per_core, default.conntrack_min) == (32768, 131072)
+    assert default.conntrack_tcp_timeout_established == 86400
+    assert default.conntrack_tcp_timeout_close_wait == 3600
+    assert not default.conntrack_tcp_be_liberal
+    assert (default.conntrack_udp_timeout, default.conntrack_udp_timeout_stream) == (0, 0)
+    result = run(
+        "run", "--kubeconfig", "kc.yaml", "--conntrack-max-per-core", "0",
+        "--conntrack-min", "1000", "--conntrack-tcp-timeout-established", "2h30m",
+        "--conntrack-tcp-timeout-close-wait", "0s", "--conntrack-tcp-be-liberal",
+        "--conntrack-udp-timeout", "1m30s",
+        "--conntrack-udp-timeout-stream", "1500ms",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = seen["c"]
+    assert (config.conntrack_max_per_core, config.conntrack_min) == (0, 1000)
+    assert config.conntrack_tcp_timeout_established == 9000
+    assert config.conntrack_tcp_timeout_close_wait == 0
+    assert config.conntrack_tcp_be_liberal
+    assert config.conntrack_udp_timeout == 90
+    assert config.conntrack_udp_timeout_stream == 1  # whole seconds, as kube-proxy truncates
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--conntrack-udp-timeout", "soon"], "--conntrack-udp-timeout: 'soon' is not a duration"),
+        (["--conntrack-max-per-core", "-1"], "--conntrack-max-per-core"),
+    ],
+)
+def test_bad_conntrack_flags_exit_2(args, message):
+    result = run("run", "--kubeconfig", "kc.yaml", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_prepare_takes_the_conntrack_flags_too(monkeypatch):
+    """The privileged init container makes the writes the agent (read-only /proc/sys)
+    cannot, so it needs the same flags."""
+    from ipvsproxy import agent
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "prepare_host", lambda config: seen.update(c=config) or ["ok"])
+    result = run("prepare", "--conntrack-min", "262144", "--conntrack-tcp-be-liberal")
+    assert result.exit_code == 0, result.output
+    assert seen["c"].conntrack_min == 262144
+    assert seen["c"].conntrack_tcp_be_liberal
+    assert seen["c"].conntrack_tcp_timeout_established == 86400
