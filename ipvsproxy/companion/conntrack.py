@@ -1,13 +1,23 @@
-"""UDP conntrack entries of removed endpoints, deleted so clients move on at once.
+"""Stale UDP conntrack entries, deleted so clients move on at once.
 
-Owns: `forget_udp()`, `deletions()`. A UDP "connection" lives in conntrack until it times
-out; a client that keeps sending from the same port (a DNS resolver) would keep reaching the
-removed endpoint, or nothing, for that long (the DNS-rollout black hole kube-proxy users hit).
-After a sync removes UDP destinations, their entries (original destination = the VIP and port,
-reply source = the endpoint) are deleted with the `conntrack` tool, which speaks ctnetlink:
-all of a sync's deletions in ONE process, `conntrack -R -` (conntrack-tools >= 1.4.6; Debian
-bookworm has 1.4.7), which reads one `-D ...` command per line from stdin; a line that
-matches no flow is not an error there.
+Owns: `udp_gone()`, `udp_first_endpoint()` (pure: a pass's operations in, what must go out),
+`deletions()`, `forget_udp()`. A UDP "connection" lives in conntrack until it times out; a
+client that keeps sending from the same port (a DNS resolver) keeps its entry for that long.
+Two cases make such an entry a black hole, as kube-proxy's `CleanStaleEntries`
+(pkg/proxy/conntrack/cleanup.go) knows:
+- a removed endpoint: after a sync removes UDP destinations, their entries (original
+  destination = the VIP and port, reply source = the endpoint) are deleted;
+- a first endpoint: a datagram to a virtual server with no usable destination (none, or
+  only weight-0 draining ones) is refused, and its entry stays with the VIP itself as reply
+  source; IPVS does not rewrite a confirmed entry, so the client's later datagrams keep
+  missing the endpoint that has appeared since. When a UDP virtual server (a ClusterIP,
+  externalIP or LoadBalancer IP, or a node address and NodePort: each is its own virtual
+  server here) gets its first usable destination, every entry to its address and port is
+  deleted: there was no endpoint, so none of them is a working flow.
+All of a sync's deletions go to the `conntrack` tool, which speaks ctnetlink, in ONE
+process, `conntrack -R -` (conntrack-tools >= 1.4.6; Debian bookworm has 1.4.7), which
+reads one `-D ...` command per line from stdin; a line that matches no flow is not an error
+there.
 
 Imports: iptables (Commands), model, errors.
 """
@@ -19,7 +29,17 @@ from collections.abc import Container, Iterable
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables.kernel import Commands
-from ipvsproxy.model import DeleteDest, DeleteService, Op, Proto, RSKey, VSKey
+from ipvsproxy.model import (
+    AddDest,
+    DeleteDest,
+    DeleteService,
+    IpvsState,
+    Op,
+    Proto,
+    RSKey,
+    UpdateDest,
+    VSKey,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +71,13 @@ def forget_udp(commands: Commands, gone: Iterable[tuple[VSKey, RSKey | None]]) -
     return len(lines)
 
 
-def udp_gone(ops: Iterable[Op], failed: Container[Op]) -> list[tuple[VSKey, RSKey | None]]:
+def udp_gone(
+    ops: Iterable[Op], failed: Container[Op], *, before: IpvsState | None = None
+) -> list[tuple[VSKey, RSKey | None]]:
     """UDP destinations and virtual servers a sync removed (their flows must go); the
-    operations in `failed` were refused, so those objects are still there."""
+    operations in `failed` were refused, so those objects are still there. Given `before`,
+    the table the operations were planned from, also every UDP virtual server that got its
+    first usable destination (all of its flows must go: `udp_first_endpoint()`)."""
     gone: list[tuple[VSKey, RSKey | None]] = []
     for op in ops:
         if op in failed:
@@ -62,4 +86,22 @@ def udp_gone(ops: Iterable[Op], failed: Container[Op]) -> list[tuple[VSKey, RSKe
             gone.append((op.service, op.key))
         elif isinstance(op, DeleteService) and op.key.proto is Proto.UDP:
             gone.append((op.key, None))
+    if before is not None:
+        gone += [(key, None) for key in udp_first_endpoint(ops, before, failed)]
     return gone
+
+
+def udp_first_endpoint(ops: Iterable[Op], before: IpvsState, failed: Container[Op]) -> list[VSKey]:
+    """UDP virtual servers that had no usable destination in `before` (none, or only
+    weight-0 ones, which IPVS never schedules) and got one from an operation that was not
+    refused: a new destination, or a draining one given weight again. In plan order, once."""
+    revived: list[VSKey] = []
+    for op in ops:
+        if not isinstance(op, AddDest | UpdateDest) or op in failed:
+            continue
+        key = op.service
+        if key.proto is not Proto.UDP or op.rs.weight <= 0 or key in revived:
+            continue
+        if not any(rs.weight > 0 for rs in before.dests.get(key, {}).values()):
+            revived.append(key)
+    return revived
