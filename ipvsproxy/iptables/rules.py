@@ -21,6 +21,11 @@ chains compare as text. The layout:
                         masquerade mark the policy asks for, affinity record, DNAT to the
                         endpoint (weight-0 destinations keep their chain, unused)
     POSTROUTING         -> IPVSPX-POSTROUTING   masquerade what carries the mark, clear it
+  filter table (`filter_ruleset()`, kube-proxy's KUBE-FORWARD, the same rules as the IPVS
+  companion's IPVSPROXY-FORWARD, from policy.forward_rules()):
+    FORWARD             -> IPVSPX-FORWARD       INVALID dropped; marked packets and
+                                                RELATED,ESTABLISHED flows accepted, so DNATed
+                                                Service traffic passes a FORWARD policy DROP
 
 Who is masqueraded and who may connect is the node's policy (ipvsproxy/policy.py, the same
 the IPVS companion renders): ClusterIP traffic from outside the pods (--cluster-cidr,
@@ -81,6 +86,7 @@ from ipvsproxy.policy import (
     FrontendPolicy,
     Masquerade,
     NodePolicy,
+    forward_rules,
     frontend_policy,
 )
 from ipvsproxy.schedulers import Scheduler
@@ -90,6 +96,7 @@ SERVICES = "IPVSPX-SERVICES"
 POSTROUTING = "IPVSPX-POSTROUTING"
 MARK_MASQ = "IPVSPX-MARK-MASQ"
 SVC_PREFIX = "IPVSPX-SVC-"
+FORWARD = "IPVSPX-FORWARD"  # in the filter table
 EXT_PREFIX = "IPVSPX-EXT-"  # behind a firewalled SVC chain: what the allowed sources get
 SEP_LENGTH = len(SVC_PREFIX) + 17
 MASQ_BIT = 0x4000  # kube-proxy's masquerade bit (the default --masquerade-bit 14)
@@ -101,6 +108,11 @@ JUMPS: tuple[tuple[str, str], ...] = (
     ("PREROUTING", f'-m comment --comment "ipvsproxy service portals" -j {SERVICES}'),
     ("OUTPUT", f'-m comment --comment "ipvsproxy service portals" -j {SERVICES}'),
     ("POSTROUTING", f'-m comment --comment "ipvsproxy postrouting rules" -j {POSTROUTING}'),
+)
+
+# The filter table's jump, inserted at the top of FORWARD, once.
+FILTER_JUMPS: tuple[tuple[str, str], ...] = (
+    ("FORWARD", f'-m comment --comment "ipvsproxy forwarding rules" -j {FORWARD}'),
 )
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/\[\]-]")
@@ -176,6 +188,13 @@ def fixed(node: NodePolicy) -> Mapping[str, tuple[str, ...]]:
 
 
 FIXED = fixed(DEFAULT_NODE)
+
+
+def filter_ruleset(node: NodePolicy = DEFAULT_NODE) -> Ruleset:
+    """ipvsproxy's chain in one family's filter table (the same for both families; it never
+    grows with Services): written with `transaction(saved, filter_ruleset(node),
+    table="filter", jumps=FILTER_JUMPS)`, removed with `removal(saved, table="filter")`."""
+    return Ruleset({FORWARD: forward_rules(FORWARD, node)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,105 @@
+"""Issue 15 items 1 and 3 under real IPVS: the companion's rules in the two-node lab of
+test_companion.py (nodes are namespaces on one bridge, pods behind them), with kube-proxy's
+default settings: no --cluster-cidr, no --masquerade-all.
+
+- node -> ClusterIP whose only endpoint is on the other node: the VIP is on node 1's dummy
+  device, so the kernel picks it as the source; without the `src,dst` masquerade rule the
+  backend would see (and answer) the VIP, which node 2 holds too. It must see node 1.
+- node 1's FORWARD policy DROP (as Docker sets it): a pod's connection through a ClusterIP
+  to a pod on node 2 still works (IPVS sends the request from LOCAL_OUT, but the reply is
+  forwarded to the pod: IPVSPROXY-FORWARD accepts it as ESTABLISHED).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from ipaddress import ip_network
+from typing import Any
+
+import pytest
+
+from integration.conftest import clean_ipvs
+from integration.lab import inside, request, sh
+from integration.test_companion import LAN, Node, cluster_ip, endpoints, objects
+from ipvsproxy.config import Config
+from tests.factories import ep, port, service, slice_
+
+PROBE = 18080  # a test-owned listener in node 2's pod: it reports the peer address
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[tuple[Node, Node]]:
+    clean_ipvs()
+    subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+    sh("ip", "link", "add", "ipvsp-br", "type", "bridge")
+    sh("ip", "link", "set", "ipvsp-br", "up")
+    nodes: list[Node] = []
+    try:
+        nodes = [Node(1), Node(2)]
+        n1, n2 = nodes
+        for n in nodes:  # kube-proxy's defaults: no local detection, no --masquerade-all
+            n.config = Config(node_name=n.name, nodeport_cidrs=(ip_network(f"{LAN}.0/24"),))
+        n1.lab.add_backend("10.244.1.2")
+        n2.lab.add_backend("10.244.2.2")
+        sh("ip", "-n", n1.ns, "route", "add", "10.244.2.0/24", "via", n2.address)
+        sh("ip", "-n", n2.ns, "route", "add", "10.244.1.0/24", "via", n1.address)
+        yield n1, n2
+    finally:
+        for n in nodes:
+            n.close()
+        subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+
+
+def probe_objects(vip: str) -> list[dict[str, Any]]:
+    probe = service("probe", cluster_ips=(vip,), ports=[port("p", 81, "TCP", PROBE)])
+    slice_probe = slice_(
+        "probe", ports=(("p", PROBE, "TCP"),), endpoints=[ep("10.244.2.2", node="node-2")]
+    )
+    return objects(probe, slice_probe)
+
+
+def test_the_node_s_connection_to_a_cluster_ip_reaches_a_remote_backend_from_its_address(lab):
+    n1, n2 = lab
+    vip = "10.96.0.81"
+    state = probe_objects(vip)
+    n1.sync(state)
+    n2.sync(state)  # node 2 holds the VIP too: a reply to it would stay there
+    with inside(n2.lab.backends[0].ns):
+        listener = socket.create_server(("0.0.0.0", PROBE))
+    listener.settimeout(5)
+    try:
+        with inside(n1.ns):
+            client = socket.socket()
+        with client:
+            client.settimeout(5)
+            client.connect((vip, 81))  # from the node itself (a hostNetwork pod alike)
+            conn, (seen, _) = listener.accept()
+            conn.close()
+    finally:
+        listener.close()
+    assert seen == n1.address, f"the backend saw {seen}, not node 1 ({n1.address})"
+
+
+def test_a_pod_s_connection_through_a_cluster_ip_survives_forward_policy_drop(lab):
+    n1, n2 = lab
+    state = objects(cluster_ip("far", "10.96.0.82"), endpoints("far", ("10.244.2.2", "node-2")))
+    n1.sync(state)
+    n2.sync(state)
+    pod = n1.lab.backends[0].ns
+    sh("ip", "netns", "exec", n1.ns, "iptables", "-P", "FORWARD", "DROP")
+    try:
+        started = time.monotonic()
+        assert request(pod, "10.96.0.82", 80, timeout=5) == "n2b1"
+        assert time.monotonic() - started < 5
+        saved = subprocess.run(
+            ["ip", "netns", "exec", n1.ns, "iptables-save", "-t", "filter"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert ":FORWARD DROP" in saved  # the policy really was DROP meanwhile
+    finally:
+        sh("ip", "netns", "exec", n1.ns, "iptables", "-P", "FORWARD", "ACCEPT")
