@@ -135,6 +135,7 @@ def node_policy(config: Config, pod_cidrs: tuple[IPNetwork, ...] = ()) -> NodePo
         local_mode=mode,
         local_cidrs=tuple(cidrs),
         interface=config.local_interface,
+        conntrack_tcp_liberal=config.conntrack_tcp_be_liberal,
     )
 
 

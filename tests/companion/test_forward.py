@@ -98,3 +98,13 @@ def test_a_deleted_forward_rule_or_jump_is_repaired_and_cleanup_removes_both():
     jump = '-D FORWARD -m comment --comment "ipvsproxy ipvs forward" -j IPVSPROXY-FORWARD'
     assert lines.index(jump) < lines.index("-X IPVSPROXY-FORWARD")
     assert "DOCKER-USER" not in gone
+
+
+def test_conntrack_tcp_be_liberal_leaves_invalid_packets_alone_as_kube_proxy():
+    from ipvsproxy.config import Config
+    from ipvsproxy.policy import node_policy
+
+    strict = node_policy(Config(node_name="n"))
+    liberal = node_policy(Config(node_name="n", conntrack_tcp_be_liberal=True))
+    assert any("INVALID" in r for r in render(4, strict)["filter"].chains[FORWARD])
+    assert not any("INVALID" in r for r in render(4, liberal)["filter"].chains[FORWARD])
