@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ipvsproxy.cli import main
@@ -19,7 +21,19 @@ def invoke(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def test_diff_run_once_diff(clean):
+@pytest.fixture
+def node_address() -> Iterator[None]:
+    """node-a's address (examples/cluster.yaml) on a link of this host: NodePorts listen on
+    the host's own addresses, as kube-proxy's (not on the Node object's)."""
+    subprocess.run(["ip", "link", "add", "ipvsp-node", "type", "dummy"], check=True)
+    subprocess.run(["ip", "addr", "add", "172.31.0.10/32", "dev", "ipvsp-node"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "link", "del", "ipvsp-node"], check=True)
+
+
+def test_diff_run_once_diff(clean, node_address):
     subprocess.run(["ipvsadm", "-A", "-t", "192.168.99.1:443", "-s", "wlc"], check=True)
     before = invoke("diff", "-o", "json", "--manifests", EXAMPLES, *NODE)
     assert before.exit_code == 1, before.output

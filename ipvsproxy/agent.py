@@ -33,7 +33,7 @@ from ipvsproxy.backends import (
 )
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
-from ipvsproxy.model import IpvsState
+from ipvsproxy.model import IPAddress, IpvsState
 from ipvsproxy.pipeline import PassPlan, PassResult, Pipeline
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
@@ -133,7 +133,9 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             config=config,
             companion=companion,
             drainer=Drainer(timeout=config.drain_timeout),
+            node_addresses=_node_addresses(config),
         )
+        pipeline.refresh_host()
         pipeline.feed(changes)
         planned = pipeline.plan(full=True)
         notes = ()
@@ -172,7 +174,13 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
         prepare(backend, config)
         remove_leftovers(backend, config)
         with companion_for(backend) as companion:
-            pipeline = Pipeline(kernel=backend.kernel, config=config, companion=companion)
+            pipeline = Pipeline(
+                kernel=backend.kernel,
+                config=config,
+                companion=companion,
+                node_addresses=_node_addresses(config),
+            )
+            pipeline.refresh_host()
             pipeline.feed(changes)
             for warning in pipeline.warnings:
                 log.warning("%s", warning)
@@ -228,6 +236,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             metrics=metrics,
             health=health,
             companion=companion,
+            node_addresses=_node_addresses(config),
         )
         runner = Runner(
             sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period
@@ -263,6 +272,13 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     if fatal:
         raise fatal[0]
     log.info("stopped; %s rules left in place", backend.name)
+
+
+def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
+    """This host's own addresses, read over rtnetlink (netlink/links.py), for the pipeline."""
+    from ipvsproxy.netlink.links import node_addresses
+
+    return lambda: node_addresses(config.dummy_device)
 
 
 def _serve(config: Config, metrics: Callable[[], bytes], health: Route) -> list[HttpServer]:

@@ -134,6 +134,9 @@ class NodeView:
     addresses: tuple[IPAddress, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     pod_cidrs: tuple[IPNetwork, ...] = ()  # spec.podCIDRs (--detect-local-mode NodeCIDR)
+    # kube-proxy's primary node IPs (GetNodeHostIPs): per family the first InternalIP, else
+    # the first ExternalIP (`--nodeport-addresses primary`)
+    primary: tuple[IPAddress, ...] = ()
 
     @property
     def zone(self) -> str:
@@ -448,14 +451,22 @@ def parse_node(obj: RawObject) -> NodeView:
     _, name, labels, _ = _meta(obj, namespaced=False)
     status = _object(obj.get("status"), "status")
     addresses: list[IPAddress] = []
+    by_kind: dict[str, list[IPAddress]] = {"InternalIP": [], "ExternalIP": []}
     for i, item in enumerate(_list(status.get("addresses"), "status.addresses")):
         where = f"status.addresses[{i}]"
         item = _object(item, where, required=True)
         kind = _str(_or(item.get("type"), ""), f"{where}.type")
         if kind in ("InternalIP", "ExternalIP"):
             ip = _ip(item.get("address"), f"{where}.address")
+            by_kind[kind].append(ip)
             if ip not in addresses:
                 addresses.append(ip)
+    ranked = (*by_kind["InternalIP"], *by_kind["ExternalIP"])
+    primary = [
+        next(ip for ip in ranked if ip.version == v)
+        for v in (4, 6)
+        if any(ip.version == v for ip in ranked)
+    ]
     spec = _object(obj.get("spec"), "spec")
     where, cidrs = "spec.podCIDRs", spec.get("podCIDRs")
     if cidrs is None or cidrs == []:
@@ -469,7 +480,7 @@ def parse_node(obj: RawObject) -> NodeView:
             pod_cidrs.append(ip_network(text, strict=False))
         except ValueError:
             raise _bad(at, text, "is not a CIDR") from None
-    return NodeView(name, tuple(addresses), labels, tuple(pod_cidrs))
+    return NodeView(name, tuple(addresses), labels, tuple(pod_cidrs), tuple(primary))
 
 
 # ---- field helpers ----------------------------------------------------------------------

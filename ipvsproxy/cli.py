@@ -92,9 +92,11 @@ def node_options(func: F) -> F:
         ),
         click.option(
             "--nodeport-addresses",
-            metavar="CIDR,...",
+            metavar="CIDR,...|primary",
             default="",
-            help="Node addresses NodePorts listen on (default: all of the node's addresses).",
+            help="Node addresses NodePorts listen on: this host's addresses in these CIDRs "
+            "(a family with none: all of its addresses), or 'primary': the Node's primary IP "
+            "per family (default: every address of this host but the dummy device's).",
         ),
         click.option(
             "--scheduler",
@@ -191,7 +193,11 @@ def make_config(opts: dict[str, Any]) -> Config:
     return Config(
         **({"node_name": node_name} if node_name else {}),
         scheduler=parse_scheduler(opts["scheduler"], option="--scheduler"),
-        nodeport_cidrs=parse_cidrs(opts["nodeport_addresses"], option="--nodeport-addresses"),
+        nodeport_cidrs=parse_cidrs(
+            "" if opts["nodeport_addresses"].strip() == "primary" else opts["nodeport_addresses"],
+            option="--nodeport-addresses",
+        ),
+        nodeport_primary=opts["nodeport_addresses"].strip() == "primary",
         service_cidrs=parse_cidrs(opts["service_cidr"], option="--service-cidr"),
         exclude_cidrs=parse_cidrs(opts["ipvs_exclude_cidrs"], option="--ipvs-exclude-cidrs"),
         nodeport_range=parse_port_range(

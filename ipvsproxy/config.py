@@ -27,7 +27,8 @@ class Config:
 
     node_name: str = field(default_factory=socket.gethostname)
     scheduler: Scheduler = Scheduler.RR
-    nodeport_cidrs: tuple[IPNetwork, ...] = ()  # empty: every node address
+    nodeport_cidrs: tuple[IPNetwork, ...] = ()  # per family; none of a family: all of it
+    nodeport_primary: bool = False  # --nodeport-addresses primary: the Node's primary IPs
     service_cidrs: tuple[IPNetwork, ...] = ()  # VIP ranges ipvsproxy owns outright
     exclude_cidrs: tuple[IPNetwork, ...] = ()  # never touched, whatever else says
     nodeport_range: tuple[int, int] = DEFAULT_NODEPORT_RANGE
@@ -62,8 +63,10 @@ class Config:
     healthz_bind_address: tuple[str, int] = ("127.0.0.1", 10256)
 
     def selects_nodeport_address(self, address: IPAddress) -> bool:
-        """Whether NodePorts listen on this node address (`--nodeport-addresses`)."""
-        return not self.nodeport_cidrs or any(address in net for net in self.nodeport_cidrs)
+        """Whether NodePorts listen on this node address (`--nodeport-addresses`): as
+        kube-proxy, per IP family, a family with no CIDR keeps all of its addresses."""
+        same = [net for net in self.nodeport_cidrs if net.version == address.version]
+        return not same or any(address in net for net in same)
 
 
 def parse_cidrs(text: str, *, option: str) -> tuple[IPNetwork, ...]:

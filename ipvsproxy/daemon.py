@@ -22,7 +22,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.model import AddDest, DeleteDest, Op, UpdateDest
+from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
 from ipvsproxy.pipeline import PassResult, Pipeline, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.drain import Drainer
@@ -57,6 +57,7 @@ class SyncPass:
         health: Health,
         companion: Companion | None = None,
         clock: Callable[[], float] = time.monotonic,
+        node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
     ) -> None:
         self._config = config
         self._tracker = tracker
@@ -69,6 +70,7 @@ class SyncPass:
             companion=companion,
             drainer=Drainer(timeout=config.drain_timeout, clock=clock),
             clock=clock,
+            node_addresses=node_addresses,
         )
         self._warned: frozenset[str] = frozenset()
         self._logged: dict[object, str] = {}  # per failing object: the error last logged
@@ -101,7 +103,8 @@ class SyncPass:
             return
         started = self._clock()
         full = started - self._last_full >= self._config.sync_period * FULL_DUE
-        changes = self._tracker.take()
+        moved = full and self.pipeline.refresh_host()  # this host's addresses changed
+        changes = self._tracker.take(everything=moved)
         self.pipeline.feed(changes)
         self._warn(self.pipeline.warnings)
         try:

@@ -172,6 +172,11 @@ class Pipeline:
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
     clock: Callable[[], float] = time.monotonic
+    # This host's own addresses (netlink/links.py node_addresses), read on the node: they,
+    # not the Node object's, are the NodePort addresses and tell a node address from a VIP,
+    # as in kube-proxy. None (a saved table, tests): the Node object's addresses.
+    node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None
+    _host: tuple[IPAddress, ...] | None = None
     _refusals: Refusals | None = None  # settings the kernel refused, served plainer
     _backoff: Backoff | None = None  # failed virtual servers, retried one by one
     _input_warnings: tuple[str, ...] = ()
@@ -194,10 +199,27 @@ class Pipeline:
         assert self._backoff is not None
         return self._backoff
 
+    def refresh_host(self) -> bool:
+        """Read this host's addresses again (full passes: an address added or removed is
+        followed without a restart); whether they changed, so that every Service must be
+        translated again (the caller takes everything from the tracker)."""
+        if self.node_addresses is None:
+            return False
+        try:
+            found = self.node_addresses()
+        except KernelError as exc:
+            log.warning("cannot list this host's addresses (the last ones are kept): %s", exc)
+            return False
+        changed = found != self._host
+        self._host = found
+        return changed
+
     def feed(self, changes: Changes) -> None:
         """Translate the changed Services into the desired state."""
         if changes.everything or self.node is None:
             node = changes.node or NodeView(self.config.node_name)
+            if self._host is not None:
+                node = replace(node, addresses=self._host)
             if node != self.node:
                 self.node, self._ownership = node, None
         assert self.node is not None

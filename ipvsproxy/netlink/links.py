@@ -127,6 +127,27 @@ def host_addresses() -> tuple[IPAddress, ...]:
         sock.close()
 
 
+def node_addresses(dummy_device: str) -> tuple[IPAddress, ...]:
+    """This node's own addresses, as kube-proxy's IPVS mode takes them for NodePorts and
+    for telling a node address from a VIP: every link's but the dummy device's (those are
+    VIPs), without loopback and link-local ones (not reachable from other hosts). Two
+    dumps: every address, and the dummy device's."""
+    sock = RtnlSocket()
+    try:
+        index = sock.link_index(dummy_device)
+        vips = sock.addresses(index) if index else frozenset()
+        found = dict.fromkeys(
+            a
+            for a in sock.all_addresses()
+            if a not in vips and not a.is_loopback and not a.is_link_local
+        )
+        return tuple(found)
+    except OSError as exc:
+        raise _mapped(exc, "list addresses") from exc
+    finally:
+        sock.close()
+
+
 def _mapped(exc: OSError, what: str) -> KernelError:
     code = exc.errno or 0
     return error_for(code, f"{what}: {os_error(code) if code else exc}")

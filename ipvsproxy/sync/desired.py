@@ -265,7 +265,7 @@ def _frontends(
             bind = ip not in node.addresses
             yield _Frontend(ip, port.port, external=True, bind=bind, reach=Reach.EXTERNAL_IP)
     if port.node_port and svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
-        for ip in node.addresses:
+        for ip in node.primary if config.nodeport_primary else node.addresses:
             if ip.version in families and config.selects_nodeport_address(ip):
                 yield _Frontend(
                     ip, port.node_port, external=True, bind=False, reach=Reach.NODE_PORT
