@@ -209,9 +209,9 @@ def test_agent_end_to_end(world, tmp_path):
     assert saved() == before
     assert alive(conn)
     assert alive(held["b3"])
+    restarted_at = time.monotonic()  # the new process's drain clock starts after this
     agent.start()
     eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, 300, "first sync")
-    restarted_at = time.monotonic()
     assert agent.writes() == 0  # the restarted agent finds everything as it should be
     assert b3 in saved()  # still draining: its connection is open
     assert alive(held["b3"])
