@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
-from ipvsproxy.iptables.rules import sanitise
+from ipvsproxy.iptables.rules import FILTER_JUMPS, filter_ruleset, sanitise
 from ipvsproxy.iptables.table import Table
 from ipvsproxy.iptables.transaction import damage, patch, removal, transaction
 from ipvsproxy.kernel import ApplyReport, Failure
@@ -113,6 +113,9 @@ class IptablesKernel:
         self._repair: dict[int, Saved] = {}  # damaged families, as observed
         self._damage: tuple[str, ...] = ()
         self._warned: set[str] = set()
+        # per family, the filter-table restore that makes IPVSPX-FORWARD and its jump right
+        # ("" = they are); None until an observe() read the filter table
+        self._forward: dict[int, str] | None = None
 
     def check(self) -> None:
         """Raise KernelUnavailable unless the IPv4 nat table can be read; IPv6 is optional."""
@@ -157,6 +160,7 @@ class IptablesKernel:
         """Read both families' nat tables (`iptables-save`), decode ipvsproxy's chains and
         compare them with what that state renders to: the periodic full resync."""
         saved = {version: parse_save(self._save(version)) for version in self._families}
+        self._observe_forward()
         last = self._table
         if last is not None:  # an access changed without an operation: compare with it
             last.set_access(self._lookup(last.services), now=True)
@@ -182,7 +186,38 @@ class IptablesKernel:
     def damage(self) -> tuple[str, ...]:
         """What the last observe() found wrong in ipvsproxy's own rules that no plan
         expresses (a rule deleted or added behind our back); any apply() repairs it."""
-        return self._damage
+        forward = self._forward or {}
+        return self._damage + tuple(
+            f"IPv{v}: filter table: IPVSPX-FORWARD or its jump is not as it should be"
+            for v in self._families
+            if forward.get(v)
+        )
+
+    def _observe_forward(self) -> None:
+        """Read each family's filter table: what IPVSPX-FORWARD and its jump need."""
+        self._forward = {
+            version: transaction(
+                parse_save(self._save(version, "filter"), table="filter"),
+                filter_ruleset(self.node),
+                table="filter",
+                jumps=FILTER_JUMPS,
+            )
+            for version in self._families
+        }
+
+    def _write_forward(self) -> None:
+        """Write what `_observe_forward()` found missing (nothing when the chain is right)."""
+        if self._forward is None:
+            self._observe_forward()
+        assert self._forward is not None
+        for version, payload in self._forward.items():
+            if payload:
+                try:
+                    self._restore(version, payload)
+                except KernelError as exc:
+                    log.error("IPv%d: IPVSPX-FORWARD could not be written (%s)", version, exc)
+                    continue
+                self._forward[version] = ""
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         return {}
@@ -229,6 +264,7 @@ class IptablesKernel:
                         version,
                         exc,
                     )
+        self._write_forward()
         if self._table is not None:
             self._repair, self._damage = {}, ()
         return ApplyReport(applied=len(done), failures=tuple(failures))
@@ -246,11 +282,18 @@ class IptablesKernel:
             payload = removal(saved)
             if payload and not dry_run:
                 self._restore(version, payload)
+            saved = parse_save(self._save(version, "filter"), table="filter")
+            removed += [f"IPv{version} filter: rule -A {c} {spec}" for c, spec in saved.jumps]
+            removed += [f"IPv{version} filter: chain {c}" for c in sorted(saved.chains)]
+            payload = removal(saved, table="filter")
+            if payload and not dry_run:
+                self._restore(version, payload)
         self._table = None
+        self._forward = None
         return removed
 
-    def _save(self, version: int) -> str:
-        return self._commands.run([TOOLS[version][0], "-t", "nat"])
+    def _save(self, version: int, table: str = "nat") -> str:
+        return self._commands.run([TOOLS[version][0], "-t", table])
 
     def _restore(self, version: int, payload: str) -> None:
         self._commands.run(restore_argv(version), stdin=payload)
