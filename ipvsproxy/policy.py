@@ -204,5 +204,5 @@ def frontend_policy(access: AccessLike | None, *, bound: bool) -> FrontendPolicy
         frontend,
         masquerade,
         source_ranges=ranges if frontend is Frontend.LOAD_BALANCER else (),
-        port_filter=frontend is not Frontend.NODE_PORT,
+        port_filter=frontend is not Frontend.NODE_PORT and bound,  # kube-proxy: KUBE-IPVS-IPS
     )

@@ -1,0 +1,28 @@
+"""An externalIP that is one of the node's own addresses (issue 15 item 2): served, but not
+bound to the dummy device and not a VIP, so the companion's port filter (VIPS /
+SERVICE-PORTS) does not fence the node's other ports (SSH, kubelet, apiserver)."""
+
+from __future__ import annotations
+
+from ipvsproxy.companion.sets import wanted
+from tests.factories import ep, node, port, service, slice_, translate
+
+
+def test_an_external_ip_on_the_node_is_served_but_not_fenced():
+    desired = translate(
+        node(addresses=("192.168.0.10",)),
+        service(
+            "web",
+            cluster_ips=("10.96.0.10",),
+            ports=[port("http", 80)],
+            externalIPs=["192.168.0.10", "198.51.100.7"],
+        ),
+        slice_("web", endpoints=[ep("10.244.0.1")]),
+    )
+    served = {str(k.address) for k in desired.state.services}
+    assert served == {"10.96.0.10", "192.168.0.10", "198.51.100.7"}
+    assert {str(a) for a in desired.state.bound} == {"10.96.0.10", "198.51.100.7"}
+    sets = wanted(desired.state, desired.access, local=desired.local_endpoints).sets
+    assert sets["IPVSPROXY-VIPS"][2] == {"10.96.0.10", "198.51.100.7"}
+    assert "192.168.0.10,tcp:80" not in sets["IPVSPROXY-SERVICE-PORTS"][2]
+    assert "198.51.100.7,tcp:80" in sets["IPVSPROXY-SERVICE-PORTS"][2]
