@@ -108,9 +108,9 @@ class Table:
 
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
         services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
-        return IpvsState(
+        return IpvsState(  # copies: `advance()` changes the table's own dicts in place
             services,
-            {k: self.dests.get(k, {}) for k in services},
+            {k: dict(self.dests.get(k, {})) for k in services},
             frozenset(a for a in addresses if a in self.bound),
         )
 
@@ -363,7 +363,8 @@ class Pipeline:
         started = time.monotonic()
         if self.companion is not None:
             changes, error = self._apply_companion(planned)
-            forgotten = forget_udp(self.companion.commands, udp_gone(ipvs.plan, failed))
+            gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
+            forgotten = forget_udp(self.companion.commands, gone)
         return PassResult(
             planned.full,
             result,
