@@ -39,8 +39,11 @@ def test_the_handler_returns_while_the_main_thread_holds_the_lock_halt_needs(cap
             before = len(caplog.records)
             started = time.monotonic()
             handler(signal.SIGINT, None)
-            assert time.monotonic() - started < 0.5
-            assert len(caplog.records) == before  # nothing logged from inside the handler
+            assert time.monotonic() - started < 2.0  # returned: nothing waited for the lock
+            # nothing logged from inside the handler (the "signals" thread may log already:
+            # it reads the pipe at once, then waits for the lock in halt())
+            main = threading.main_thread().name
+            assert not [r for r in caplog.records[before:] if r.threadName == main]
             assert halted_by == []
         deadline = time.monotonic() + 5
         while not halted_by:
