@@ -6,8 +6,6 @@ added behind its back (the tools here are iptables-nft)."""
 from __future__ import annotations
 
 import subprocess
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,36 +20,28 @@ from ipvsproxy.model import IpvsState
 pytestmark = pytest.mark.netns
 
 
-@pytest.fixture
-def ns() -> Iterator[str]:
-    name = f"ipvsp-g{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    yield name
-    subprocess.run(["ip", "netns", "del", name], check=True)
-
-
-def in_ns(ns: str, *args: str) -> str:
-    done = subprocess.run(["ip", "netns", "exec", ns, *args], capture_output=True, text=True)
+def in_ns(netns: str, *args: str) -> str:
+    done = subprocess.run(["ip", "netns", "exec", netns, *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def test_the_generation_moves_with_every_rule_change_and_only_then(ns: str) -> None:
-    if "nf_tables" not in in_ns(ns, "iptables", "-V"):
+def test_the_generation_moves_with_every_rule_change_and_only_then(netns: str) -> None:
+    if "nf_tables" not in in_ns(netns, "iptables", "-V"):
         pytest.skip("the iptables tools here are not the nf_tables variant")
-    with inside(ns):
+    with inside(netns):
         generation = RulesetGeneration.open()
     try:
         start = generation.current()
         assert start is not None
-        in_ns(ns, "iptables-save")
-        in_ns(ns, "ip6tables-save")
+        in_ns(netns, "iptables-save")
+        in_ns(netns, "ip6tables-save")
         assert generation.current() == start
-        in_ns(ns, "iptables", "-t", "nat", "-N", "SOMEONE")
+        in_ns(netns, "iptables", "-t", "nat", "-N", "SOMEONE")
         moved = generation.current()
         assert moved is not None
         assert moved != start
-        in_ns(ns, "ip6tables", "-t", "filter", "-N", "ELSE")
+        in_ns(netns, "ip6tables", "-t", "filter", "-N", "ELSE")
         assert generation.current() not in (None, moved)
     finally:
         generation.close()
@@ -68,11 +58,11 @@ class Counting(Commands):
         return super().run(args, stdin=stdin)
 
 
-def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(ns: str) -> None:
-    if "nf_tables" not in in_ns(ns, "iptables", "-V"):
+def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(netns: str) -> None:
+    if "nf_tables" not in in_ns(netns, "iptables", "-V"):
         pytest.skip("the iptables tools here are not the nf_tables variant")
     commands = Counting()
-    with inside(ns):
+    with inside(netns):
         companion = Companion(commands=commands, generation=RulesetGeneration.open())
         companion.check()
         try:
@@ -86,7 +76,7 @@ def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(ns: str) -> N
             assert len(commands.saves) == saves  # type: ignore[attr-defined]
             chain = next(c for (v, t), s in seen.chains.items() if v == 4 for c in s.chains)
             table = next(t for (v, t), s in seen.chains.items() if v == 4 and chain in s.chains)
-            in_ns(ns, "iptables", "-t", table, "-A", chain, "-j", "RETURN")
+            in_ns(netns, "iptables", "-t", table, "-A", chain, "-j", "RETURN")
             drifted = Observed(seen.sets, companion.observe_chains())
             assert len(commands.saves) > saves  # type: ignore[attr-defined]
             repair = plan_companion(sets, drifted, options, companion.versions)
@@ -96,7 +86,7 @@ def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(ns: str) -> N
 
 
 def test_sets_are_decoded_again_only_when_their_dump_changed(
-    ns: str, monkeypatch: pytest.MonkeyPatch
+    netns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ipvsproxy.companion import nlread
 
@@ -109,12 +99,12 @@ def test_sets_are_decoded_again_only_when_their_dump_changed(
 
     monkeypatch.setattr(nlread, "decode_entry", counting)
     name = "IPVSPROXY-TEST"
-    in_ns(ns, "ipset", "create", name, "hash:ip,port")
+    in_ns(netns, "ipset", "create", name, "hash:ip,port")
     script = "".join(f"add {name} 10.0.0.{port % 7},tcp:{port}\n" for port in range(100))
     subprocess.run(
-        ["ip", "netns", "exec", ns, "ipset", "restore"], input=script, text=True, check=True
+        ["ip", "netns", "exec", netns, "ipset", "restore"], input=script, text=True, check=True
     )
-    with inside(ns):
+    with inside(netns):
         reader = nlread.SetReader()
     try:
         first = reader.observe().sets[name][2]
@@ -122,8 +112,8 @@ def test_sets_are_decoded_again_only_when_their_dump_changed(
         assert len(decoded) == 100
         assert reader.observe().sets[name][2] == first
         assert len(decoded) == 100  # the same bytes: nothing decoded
-        in_ns(ns, "ipset", "del", name, "10.0.0.0,tcp:0")  # the same count, other entries
-        in_ns(ns, "ipset", "add", name, "10.9.9.9,udp:53")
+        in_ns(netns, "ipset", "del", name, "10.0.0.0,tcp:0")  # the same count, other entries
+        in_ns(netns, "ipset", "add", name, "10.9.9.9,udp:53")
         after = reader.observe().sets[name][2]
         assert after == (first - {"10.0.0.0,tcp:0"}) | {"10.9.9.9,udp:53"}
     finally:

@@ -7,7 +7,6 @@ import random
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -40,14 +39,6 @@ EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 FOREIGN = (
     "-A PREROUTING -d 192.0.2.1/32 -p tcp -m tcp --dport 22 -j DNAT --to-destination 192.0.2.2:22"
 )
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"ipvsp-t{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    yield name
-    subprocess.run(["ip", "netns", "del", name], check=True)
 
 
 def run(ns: str, *args: str, stdin: str | None = None) -> str:
