@@ -118,3 +118,38 @@ def test_sets_are_decoded_again_only_when_their_dump_changed(
         assert after == (first - {"10.0.0.0,tcp:0"}) | {"10.9.9.9,udp:53"}
     finally:
         reader.close()
+
+
+def test_the_fallback_s_idle_observation_saves_nothing_and_still_finds_damage(
+    netns: str,
+) -> None:
+    from ipaddress import ip_address
+
+    from ipvsproxy.iptables import IptablesKernel
+    from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
+
+    if "nf_tables" not in in_ns(netns, "iptables", "-V"):
+        pytest.skip("the iptables tools here are not the nf_tables variant")
+    commands = Counting()
+    key = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
+    with inside(netns):
+        kernel = IptablesKernel(commands=commands)
+        kernel.check()
+        kernel.observe()
+        rs = RealServer(RSKey(ip_address("10.244.0.1"), 8080))
+        assert kernel.apply([AddService(VirtualServer(key)), AddDest(key, rs)]).ok
+        state = kernel.observe()  # after our own write: saved again
+        saves = len(commands.saves)  # type: ignore[attr-defined]
+        for _ in range(3):
+            assert kernel.observe() == state
+            assert kernel.damage() == ()
+        assert len(commands.saves) == saves  # type: ignore[attr-defined]
+        chain = next(
+            line.split()[1]
+            for line in in_ns(netns, "iptables-save", "-t", "nat").splitlines()
+            if line.startswith("-A IPVSPX-SVC-")
+        )
+        in_ns(netns, "iptables", "-t", "nat", "-I", chain, "-j", "RETURN")
+        kernel.observe()
+        assert len(commands.saves) > saves  # type: ignore[attr-defined]
+        assert kernel.damage()

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
+from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
 from ipvsproxy.iptables.rules import FILTER_JUMPS, filter_ruleset, sanitise
 from ipvsproxy.iptables.table import Table
@@ -116,6 +117,9 @@ class IptablesKernel:
         # per family, the filter-table restore that makes IPVSPX-FORWARD and its jump right
         # ("" = they are); None until an observe() read the filter table
         self._forward: dict[int, str] | None = None
+        # (nf_tables generation, {(version, table): save text}) of the last saves, kept when
+        # the tools are iptables-nft and run in this namespace (no `commands.prefix`)
+        self._saved_at: tuple[int, dict[tuple[int, str], str]] | None = None
 
     def check(self) -> None:
         """Raise KernelUnavailable unless the IPv4 nat table can be read; IPv6 is optional."""
@@ -159,8 +163,9 @@ class IptablesKernel:
     def observe(self) -> IpvsState:
         """Read both families' nat tables (`iptables-save`), decode ipvsproxy's chains and
         compare them with what that state renders to: the periodic full resync."""
-        saved = {version: parse_save(self._save(version)) for version in self._families}
-        self._observe_forward()
+        texts = self._saves()
+        saved = {version: parse_save(texts[version, "nat"]) for version in self._families}
+        self._observe_forward(texts)
         last = self._table
         if last is not None:  # an access changed without an operation: compare with it
             last.set_access(self._lookup(last.services), now=True)
@@ -193,11 +198,36 @@ class IptablesKernel:
             if forward.get(v)
         )
 
-    def _observe_forward(self) -> None:
+    def _saves(self) -> dict[tuple[int, str], str]:
+        """`iptables-save` of each family's nat and filter tables, unless nf_tables says no
+        rule anywhere changed since the last saves (iptables/generation.py: an idle resync
+        then runs no process; 1000 Services x 10 natively: the saves were most of it)."""
+        generation = None
+        if not self._commands.prefix:
+            reader = RulesetGeneration.open()
+            try:
+                generation = reader.current()
+            finally:
+                reader.close()
+        if generation is not None and self._saved_at and self._saved_at[0] == generation:
+            return self._saved_at[1]
+        texts = {
+            (version, table): self._save(version, table)
+            for table in ("nat", "filter")
+            for version in self._families
+        }
+        nft = all("(nf_tables)" in text[: text.find("\n") + 1] for text in texts.values())
+        self._saved_at = (generation, texts) if generation is not None and nft else None
+        return texts
+
+    def _observe_forward(self, texts: dict[tuple[int, str], str] | None = None) -> None:
         """Read each family's filter table: what IPVSPX-FORWARD and its jump need."""
         self._forward = {
             version: transaction(
-                parse_save(self._save(version, "filter"), table="filter"),
+                parse_save(
+                    texts[version, "filter"] if texts else self._save(version, "filter"),
+                    table="filter",
+                ),
                 filter_ruleset(self.node),
                 table="filter",
                 jumps=FILTER_JUMPS,
