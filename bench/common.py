@@ -39,7 +39,10 @@ def fresh_netns() -> Iterator[str]:
     # IPVS rejects destinations whose address type it cannot resolve: lo must be up.
     subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
     # the bench node's address on a link: NodePorts listen on the host's own addresses
-    subprocess.run(["ip", "-n", name, "link", "add", "node0", "type", "dummy"], check=True)
+    subprocess.run(  # veth: this host's kernel has no dummy module (the VM's has)
+        ["ip", "-n", name, "link", "add", "node0", "type", "veth", "peer", "name", "node0p"],
+        check=True,
+    )
     subprocess.run(
         ["ip", "-n", name, "addr", "add", f"{node_ip(0)}/32", "dev", "node0"], check=True
     )
