@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import fresh_netns, table  # noqa: E402
+from integration.lab import inside  # noqa: E402
 from ipvsproxy.iptables import Commands, IptablesKernel  # noqa: E402
 from ipvsproxy.iptables.parse import Saved  # noqa: E402
 from ipvsproxy.iptables.rules import render  # noqa: E402
@@ -92,8 +93,11 @@ def median(fn: Callable[[], Time], repeat: int) -> Time:
 
 
 def kernel_in(ns: str) -> IptablesKernel:
-    kernel = IptablesKernel(commands=Recording(prefix=("ip", "netns", "exec", ns)))
-    kernel.check()
+    """The fallback as the agent runs it: in the node's namespace (the tools without an
+    `ip netns exec` prefix), where it can also read nf_tables' generation."""
+    with inside(ns):
+        kernel = IptablesKernel(commands=Recording())
+        kernel.check()
     return kernel
 
 
@@ -128,7 +132,7 @@ def saves(ns: str) -> None:
 
 
 def cold(desired: IpvsState) -> Time:
-    with fresh_netns() as ns:
+    with fresh_netns() as ns, inside(ns):
         kernel = kernel_in(ns)
         seconds = timed(lambda: sync(kernel, desired))
         if kernel_in(ns).observe() != desired:
@@ -142,7 +146,7 @@ def loaded(desired: IpvsState, repeat: int) -> dict[str, Time]:
     key = next(iter(desired.services))
     rs = next(iter(desired.dests[key].values()))
     one = IpvsState({key: desired.services[key]}, {key: desired.dests[key]})
-    with fresh_netns() as ns:
+    with fresh_netns() as ns, inside(ns):
         kernel = kernel_in(ns)
         sync(kernel, desired)
         payload = Path(f"/tmp/ipvsproxy-bench-change-{ns}.rules")
