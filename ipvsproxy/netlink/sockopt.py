@@ -124,32 +124,19 @@ _SERVICE = struct.Struct(
         ],
     )  # fmt: skip
 )
-_DEST_SETTINGS = struct.Struct(
-    _format(
-        _DestEntry,
-        [
-            ("addr", "4s"),
-            ("port", "2s"),
-            ("conn_flags", "I"),
-            ("weight", "i"),
-            ("u_threshold", "I"),
-            ("l_threshold", "I"),
-        ],
-    )  # fmt: skip
-)
+_SETTINGS = [
+    ("addr", "4s"),
+    ("port", "2s"),
+    ("conn_flags", "I"),
+    ("weight", "i"),
+    ("u_threshold", "I"),
+    ("l_threshold", "I"),
+]  # a destination's settings; the connection counts follow them in the kernel's struct
+_DEST_SETTINGS = struct.Struct(_format(_DestEntry, _SETTINGS))
 _DEST_FULL = struct.Struct(
     _format(
         _DestEntry,
-        [
-            ("addr", "4s"),
-            ("port", "2s"),
-            ("conn_flags", "I"),
-            ("weight", "i"),
-            ("u_threshold", "I"),
-            ("l_threshold", "I"),
-            ("activeconns", "I"),
-            ("inactconns", "I"),
-        ],
+        [*_SETTINGS, ("activeconns", "I"), ("inactconns", "I")],
     )  # fmt: skip
 )
 _GET_DESTS = struct.Struct(
