@@ -177,27 +177,17 @@ class Pipeline:
     # as in kube-proxy. None (a saved table, tests): the Node object's addresses.
     node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None
     _host: tuple[IPAddress, ...] | None = None
-    _refusals: Refusals | None = None  # settings the kernel refused, served plainer
-    _backoff: Backoff | None = None  # failed virtual servers, retried one by one
+    refusals: Refusals = field(init=False)  # settings the kernel refused, served plainer
+    backoff: Backoff = field(init=False)  # failed virtual servers, retried one by one
     _input_warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        self._refusals = Refusals(default=self.config.scheduler)
-        self._backoff = Backoff(cap=self.config.sync_period, clock=self.clock)
+        self.refusals = Refusals(default=self.config.scheduler)
+        self.backoff = Backoff(cap=self.config.sync_period, clock=self.clock)
         if isinstance(self.kernel, IptablesKernel):
             # The fallback renders each virtual server's access (source ranges, traffic
             # policy) through policy.py, as the companion does: it looks them up here.
             self.kernel.use_access(self.index.access_of)
-
-    @property
-    def refusals(self) -> Refusals:
-        assert self._refusals is not None
-        return self._refusals
-
-    @property
-    def backoff(self) -> Backoff:
-        assert self._backoff is not None
-        return self._backoff
 
     def refresh_host(self) -> bool:
         """Read this host's addresses again (full passes: an address added or removed is
