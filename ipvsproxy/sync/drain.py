@@ -3,8 +3,11 @@
 Owns: `Drainer`. Given the desired and the observed table, it finds destinations that are
 being removed from a virtual server that stays, and keeps them in the desired state at weight
 0 (no new connections) while they still have connections, up to the drain timeout; then lets
-the planner delete them. UDP destinations are deleted at once (kube-proxy does the same: a
-UDP "connection" is only a conntrack entry). An endpoint that comes back while draining is
+the planner delete them; a timeout of 0 waits for the connections without a limit, as
+kube-proxy's graceful termination does. UDP and SCTP destinations are deleted at once
+(kube-proxy's `IsRsGracefulTerminationNeeded`: a UDP "connection" is only a conntrack entry,
+and with `expire_nodest_conn` an SCTP association to a deleted destination is dropped at its
+next packet rather than kept half-served). An endpoint that comes back while draining is
 simply desired again, so the planner restores its weight.
 
 Restarts: the drain is carried by the kernel table itself. A weight-0 destination that is not
@@ -72,7 +75,7 @@ class Drainer:
             conns = counts[vs]
             # Unknown counts (the read failed): keep draining, the timeout still bounds it.
             active, inactive = (1, 0) if conns is None else conns.get(rs.key, (0, 0))
-            if active + inactive == 0 or now - start >= self.timeout:
+            if active + inactive == 0 or 0 < self.timeout <= now - start:
                 del self._started[(vs, rs.key)]
                 released += 1
                 continue
@@ -87,14 +90,18 @@ class Drainer:
         return Held(state, sum(map(len, kept.values())), released)
 
 
+_NO_DRAIN = frozenset({Proto.UDP, Proto.SCTP})
+
+
 def _leaving(desired: IpvsState, observed: IpvsState) -> list[tuple[VSKey, RealServer]]:
-    """Destinations the plan would delete from virtual servers that stay (not UDP ones).
+    """Destinations the plan would delete from virtual servers that stay (not UDP or SCTP
+    ones: those go at once).
 
     A desired virtual server is ipvsproxy's, destinations and all (see sync/plan.py).
     """
     out = []
     for key, wanted in desired.dests.items():
-        if key.proto is Proto.UDP or key not in observed.services:
+        if key.proto in _NO_DRAIN or key not in observed.services:
             continue
         out += [(key, rs) for rk, rs in observed.dests.get(key, {}).items() if rk not in wanted]
     return out

@@ -28,6 +28,7 @@ from ipvsproxy.testing import FakeKernel
 
 TCP = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
 UDP = VSKey(ip_address("10.96.0.10"), 53, Proto.UDP)
+SCTP = VSKey(ip_address("10.96.0.10"), 3868, Proto.SCTP)
 A, B, C = (RSKey(ip_address(f"10.244.0.{i}"), 8080) for i in (1, 2, 3))
 CONFIG = Config(node_name="node-a", service_cidrs=(ip_network("10.96.0.0/16"),))
 NODE = NodeView("node-a")
@@ -93,6 +94,23 @@ def test_drain_timeout_deletes_even_with_connections():
     assert step(kernel, drainer, table(A)).plan == ()
     clock.now = 30
     assert step(kernel, drainer, table(A)).plan == (DeleteDest(TCP, B),)
+
+
+def test_drain_timeout_0_waits_for_the_connections_without_a_limit():
+    kernel, drainer, clock = setup(A, B, timeout=0)
+    kernel.conns[TCP] = {B: (5, 0)}
+    assert step(kernel, drainer, table(A)).draining == 1
+    clock.now = 7 * 24 * 3600.0  # a week later: still connected, still draining
+    result = step(kernel, drainer, table(A))
+    assert (result.plan, result.draining) == ((), 1)
+    kernel.conns[TCP] = {B: (0, 0)}
+    assert step(kernel, drainer, table(A)).plan == (DeleteDest(TCP, B),)
+
+
+def test_sctp_endpoint_is_deleted_at_once_even_with_associations():
+    kernel, drainer, _ = setup(A, B, key=SCTP)
+    kernel.conns[SCTP] = {B: (3, 0)}
+    assert step(kernel, drainer, table(A, key=SCTP)).plan == (DeleteDest(SCTP, B),)
 
 
 def test_idle_endpoint_is_deleted_at_once():
