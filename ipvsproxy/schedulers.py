@@ -154,6 +154,11 @@ def resolve(annotations: Mapping[str, str], default: Scheduler) -> Choice:
                 warning=f"{SCHEDULER_ANNOTATION}={raw_name!r} is not an IPVS scheduler "
                 f"(known: {known}); using the default {default}",
             )
+    if scheduler is Scheduler.MH and FLAGS_ANNOTATION not in annotations:
+        # kube-proxy's default for mh: hash the source port too (FlagSourceHash, mh-port),
+        # or every connection of one client lands on one endpoint. An explicit flags
+        # annotation, even an empty one, replaces it.
+        raw_flags = "mh-port"
     try:
         flags = parse_flags(scheduler, raw_flags)
     except ValueError as exc:

@@ -4,6 +4,7 @@ import pytest
 
 from ipvsproxy.schedulers import (
     IPTABLES_FIDELITY,
+    Choice,
     SchedFlag,
     Scheduler,
     format_flags,
@@ -65,3 +66,14 @@ def test_resolve_annotation_and_default():
     bad = resolve({"ipvsproxy.io/scheduler": "x"}, Scheduler.RR)
     assert bad.scheduler is Scheduler.RR
     assert "'x'" in bad.warning
+
+
+def test_mh_gets_kube_proxys_mh_port_unless_flags_are_given():
+    assert resolve({}, Scheduler.MH) == Choice(Scheduler.MH, SchedFlag.SCHED2)
+    by_annotation = resolve({"ipvsproxy.io/scheduler": "mh"}, Scheduler.RR)
+    assert by_annotation.flags == SchedFlag.SCHED2
+    explicit = {"ipvsproxy.io/scheduler": "mh", "ipvsproxy.io/scheduler-flags": "mh-fallback"}
+    assert resolve(explicit, Scheduler.RR).flags == SchedFlag.SCHED1
+    none = {"ipvsproxy.io/scheduler-flags": ""}
+    assert resolve(none, Scheduler.MH).flags == SchedFlag(0)
+    assert resolve({}, Scheduler.SH).flags == SchedFlag(0)
