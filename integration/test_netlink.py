@@ -270,6 +270,14 @@ def test_getsockopt_and_netlink_observe_the_same_table(kernel, mixed):
     assert (first.services, unthresholded) == (saved.services, saved.dests)
     assert {k.address.version for k in first.services} == {4, 6}
     assert any(k.fwmark for k in first.services)
+    # the real kernel's service dump: the IPv4 address/port services are recognised
+    # undecoded (the resync skips them there), the rest decoded
+    from ipvsproxy.netlink import codec, fast, sockopt
+
+    with NetlinkKernel(legacy=False) as netlink:
+        chunks = netlink._genl.dump_raw(codec.CMD_GET_SERVICE)
+    unlisted = {vs.key for vs in fast.ServiceDecoder().decode(chunks, unlisted=True)}
+    assert unlisted == {k for k in first.services if not sockopt.lists(k)}
 
 
 def test_getsockopt_connection_counts_equal_netlinks(kernel, mixed):

@@ -550,6 +550,15 @@ _SCHEDULERS = {s.value.encode(): s for s in Scheduler}
 _SVC_ATTRS = {codec.SVC_AF, codec.SVC_PROTOCOL, codec.SVC_ADDR, codec.SVC_PORT, codec.SVC_FWMARK,
               codec.SVC_SCHED_NAME, codec.SVC_FLAGS, codec.SVC_TIMEOUT}  # fmt: skip
 _U16, _U32, _FLAGS = struct.Struct("=H"), struct.Struct("=I"), struct.Struct("=II")
+# How an IPv4 address/port service's nest starts (ip_vs_genl_fill_service puts AF first,
+# then PROTOCOL, or FWMARK for a firewall-mark service): the services getsockopt lists. A
+# kernel that orders them otherwise only makes every service decoded, as before.
+_LISTED = (
+    _NLA.pack(6, codec.SVC_AF)
+    + _U16.pack(socket.AF_INET)
+    + bytes(2)
+    + _NLA.pack(6, codec.SVC_PROTOCOL)
+)
 
 
 class ServiceDecoder:
@@ -563,13 +572,18 @@ class ServiceDecoder:
     def __init__(self) -> None:
         self._cache: dict[bytes, VirtualServer] = {}
 
-    def decode(self, chunks: Sequence[bytes]) -> list[VirtualServer]:
+    def decode(self, chunks: Sequence[bytes], *, unlisted: bool = False) -> list[VirtualServer]:
+        """The services of a dump. `unlisted`: only those the getsockopt interface does not
+        list (IPv6, firewall marks); the others are skipped undecoded (see `_LISTED`)."""
         previous, self._cache = self._cache, {}
         out = []
         for buf in chunks:
             offset = 0
             while offset + 16 <= len(buf):
                 length, kind, _, _, _ = _NLMSG.unpack_from(buf, offset)
+                if unlisted and buf.startswith(_LISTED, offset + _DEST_OFFSET):
+                    offset += (length + 3) & ~3
+                    continue
                 if kind not in (codec.NLMSG_DONE, codec.NLMSG_ERROR) and length > _DEST_OFFSET:
                     vs = self._service(buf, offset + _DEST_OFFSET, offset + length, previous)
                     if vs is not None:

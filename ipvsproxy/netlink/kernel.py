@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
+    AddDest,
     AddService,
     BindAddress,
     Dests,
@@ -29,6 +30,7 @@ from ipvsproxy.model import (
     RealServer,
     RSKey,
     UnbindAddress,
+    UpdateDest,
     UpdateService,
     VirtualServer,
     VSKey,
@@ -57,6 +59,7 @@ class NetlinkKernel:
             try:
                 self._decoder = fast.DestDecoder()
                 self._services = fast.ServiceDecoder()
+                self._unlisted = fast.ServiceDecoder()  # beside getsockopt: IPv6, fwmarks
                 # opened now: the socket answers for the network namespace it is created in
                 self._legacy = _open_legacy() if legacy else None
             except BaseException:
@@ -126,9 +129,11 @@ class NetlinkKernel:
         legacy = self._legacy
         assert legacy is not None
         try:
+            legacy.start_round()  # before services(): it also returns written objects
             listed = legacy.services()
-            others = [vs for vs in self.services().values() if not sockopt.lists(vs.key)]
-            legacy.start_round()
+            chunks = self._genl.dump_raw(codec.CMD_GET_SERVICE)  # those it does not list
+            unlisted = self._unlisted.decode(chunks, unlisted=True)
+            others = [vs for vs in unlisted if not sockopt.lists(vs.key)]
             self._decoder.start_round()
             services: dict[VSKey, VirtualServer] = {}
             dests: dict[VSKey, Dests] = {}
@@ -182,6 +187,8 @@ class NetlinkKernel:
             failures += [
                 Failure(op, to_error(op, c)) for op, c in zip(ops, codes, strict=True) if c
             ]
+            if self._legacy is not None:
+                self._legacy.wrote(_written(ops, codes))
         return ApplyReport(applied=len(plan) - len(failures), failures=tuple(failures))
 
     def _apply_addresses(self, ops: list[Op]) -> list[Failure]:
@@ -203,6 +210,16 @@ class NetlinkKernel:
 
 
 _ADDRESS_OPS = (BindAddress, UnbindAddress)
+
+
+def _written(ops: Sequence[Op], codes: Sequence[int]) -> Iterator[VirtualServer | RealServer]:
+    """The objects of the operations the kernel accepted that write one."""
+    for op, code in zip(ops, codes, strict=True):
+        if not code:
+            if isinstance(op, AddDest | UpdateDest):
+                yield op.rs
+            elif isinstance(op, AddService | UpdateService):
+                yield op.vs
 
 
 def to_error(op: Op, code: int) -> KernelError:

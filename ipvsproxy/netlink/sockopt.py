@@ -32,7 +32,7 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from ipaddress import IPv4Address
 from typing import Any
 
@@ -194,6 +194,15 @@ class SockoptReader:
         self._services: dict[tuple[Any, ...], VirtualServer] = {}
         self._cache: dict[tuple[Any, ...], RealServer] = {}
         self._previous: dict[tuple[Any, ...], RealServer] = {}
+        # per service, the bytes of its destination array last read and what they decoded
+        # to: an idle resync finds most arrays byte-equal (the counters too: no traffic)
+        # and decodes none of them
+        self._arrays: dict[VSKey, tuple[bytes, dict[RSKey, RealServer]]] = {}
+        self._arrays_previous: dict[VSKey, tuple[bytes, dict[RSKey, RealServer]]] = {}
+        # objects ipvsproxy wrote since the last observation, and those the current one may
+        # return in place of equal decoded ones (see wrote())
+        self._written: dict[Any, Any] = {}
+        self._canonical: dict[Any, Any] = {}
 
     def close(self) -> None:
         self._sock.close()
@@ -256,6 +265,7 @@ class SockoptReader:
                 vs = _service(settings)
                 if vs is None:
                     continue
+                vs = self._canonical.get(vs, vs)
             self._services[settings] = vs
             out.append((vs, count))
         return out
@@ -284,6 +294,17 @@ class SockoptReader:
 
     def start_round(self) -> None:
         self._previous, self._cache = self._cache, {}
+        self._arrays_previous, self._arrays = self._arrays, {}
+        self._canonical, self._written = self._written, {}
+
+    def wrote(self, objects: Iterable[VirtualServer | RealServer]) -> None:
+        """The services and destinations just written to the kernel. The next observation
+        returns these very objects where it decodes equal ones, so the planner's comparison
+        of desired (which holds them) and observed state takes the identity fast path:
+        together with the byte-equal arrays, an idle resync compares 13,000 destinations
+        at C speed instead of in three Python `__eq__` calls each (0.19 s in the VM)."""
+        for obj in objects:
+            self._written[obj] = obj
 
     def mapping(self, key: VSKey, count: int) -> dict[RSKey, RealServer] | None:
         """A service's destinations by key (the hot path of observe()); None: ask netlink.
@@ -291,15 +312,22 @@ class SockoptReader:
         view = self._dests(key, count)
         if view is None:
             return None
+        raw = bytes(view)
+        last = self._arrays_previous.get(key)
+        if last is not None and last[0] == raw:  # not one byte changed, counters included
+            self._arrays[key] = last
+            return dict(last[1])
         out: dict[RSKey, RealServer] = {}
         previous, cache = self._previous, self._cache
         for settings in _DEST_SETTINGS.iter_unpack(view):
             rs = previous.get(settings)
             if rs is None:
                 rs = _real_server(*settings)
+                rs = self._canonical.get(rs, rs)
             cache[settings] = rs
             out[rs.key] = rs
-        return out
+        self._arrays[key] = (raw, out)
+        return dict(out)
 
     def entries(self, key: VSKey) -> list[DestEntry] | None:
         """A service's destinations with (active, inactive) connection counts; None: ask

@@ -14,10 +14,12 @@ from ipvsproxy.model import (
     AddService,
     DeleteDest,
     DeleteService,
+    Proto,
     RealServer,
     RSKey,
     UpdateDest,
     UpdateService,
+    VSKey,
 )
 from ipvsproxy.netlink import codec, fast
 from tests.strategies import real_servers, virtual_servers
@@ -208,3 +210,26 @@ def test_service_decoder_reuses_only_identical_services():
     assert decoder.decode([dumped(b) + DONE]) == [b]
     unknown = dumped(a).replace(b"rr\0", b"zz\0")
     assert decoder.decode([unknown + DONE]) == []
+
+
+def test_unlisted_skips_exactly_the_services_getsockopt_lists():
+    """IPv4 address/port services are skipped undecoded; IPv6 and firewall-mark ones (of
+    either family) are decoded (the real kernel's layout: integration/test_netlink.py)."""
+
+    def dumped(key: VSKey) -> bytes:
+        attrs = codec.service_key_attrs(key) + codec.nla(codec.SVC_SCHED_NAME, b"rr\0")
+        attrs += codec.nla(codec.SVC_FLAGS, struct.pack("=II", 0, 0xFFFFFFFF))
+        attrs += u32(codec.SVC_TIMEOUT, 0)
+        return codec.message(0x20, 1, codec.nest(codec.CMD_ATTR_SERVICE, attrs), seq=3, flags=2)
+
+    keys = [
+        VSKey(ip_address("10.96.0.1"), 80, Proto.TCP),
+        VSKey(ip_address("fd00::1"), 80, Proto.TCP),
+        VSKey(ip_address("0.0.0.0"), 0, Proto.TCP, fwmark=7),
+        VSKey(ip_address("::"), 0, Proto.TCP, fwmark=8),
+        VSKey(ip_address("10.96.0.2"), 53, Proto.UDP),
+    ]
+    chunk = b"".join(map(dumped, keys)) + DONE
+    assert [vs.key for vs in fast.ServiceDecoder().decode([chunk])] == keys
+    unlisted = fast.ServiceDecoder().decode([chunk], unlisted=True)
+    assert [vs.key for vs in unlisted] == [keys[1], keys[2], keys[3]]

@@ -216,6 +216,29 @@ def test_an_unchanged_destination_is_the_same_object_next_round(fake, reader):
     assert all(first[k] is second[k] for k in first)
 
 
+def test_a_changed_array_is_decoded_again_and_an_unchanged_one_is_a_fresh_copy(fake, reader):
+    """A resync reuses a service's last decoding only when its destination array is
+    byte-equal; a weight changed behind our back (drift) or traffic (the counters) is read."""
+    vs = key("10.96.0.1", 80)
+    a, b = (RSKey(IPv4Address(f"10.244.0.{i}"), 8080) for i in (1, 2))
+    reader.start_round()
+    first = reader.mapping(vs, 2)
+    assert first is not None
+    first.clear()  # the caller's dict: the reader's record of the array is not touched
+    for _ in range(2):
+        reader.start_round()
+        again = reader.mapping(vs, 2)
+        assert again == {a: RealServer(a), b: RealServer(b, weight=0)}
+        again.clear()
+    fake.services[0].dests[1].weight = 5  # drift
+    reader.start_round()
+    assert reader.mapping(vs, 2) == {a: RealServer(a), b: RealServer(b, weight=5)}
+    fake.services[0].dests[0].active = 3  # traffic: only the counters change
+    fake.services[0].dests[0].weight = 2
+    reader.start_round()
+    assert reader.mapping(vs, 2) == {a: RealServer(a, weight=2), b: RealServer(b, weight=5)}
+
+
 @pytest.mark.parametrize("listed", [0, 1, 3, 5])
 def test_a_count_other_than_listed_means_ask_netlink(fake, reader, listed):
     assert reader.mapping(key("10.96.0.1", 80), listed) is None
@@ -249,3 +272,31 @@ def test_a_refusal_is_unavailable(fake, reader, code):
     fake.refuse = code
     with pytest.raises(sockopt.Unavailable, match=errno.errorcode[code]):
         reader.services()
+
+
+def test_objects_written_are_returned_in_place_of_equal_decoded_ones(fake, reader):
+    """What ipvsproxy wrote comes back as the very objects (the planner compares desired
+    and observed by identity first); an object that differs from what the kernel holds
+    does not replace it, and only the next observation takes the written objects."""
+    vs = VirtualServer(key("10.96.0.1", 80))
+    a = RealServer(RSKey(IPv4Address("10.244.0.1"), 8080))
+    b = RealServer(RSKey(IPv4Address("10.244.0.2"), 8080), weight=7)  # the kernel has 0
+    reader.wrote([vs, a, b])
+    reader.start_round()
+    listed = dict(reader.services())
+    got = reader.mapping(vs.key, 2)
+    assert got is not None
+    assert [s for s in listed if s == vs][0] is vs
+    assert got[a.key] is a
+    assert got[b.key] == RealServer(b.key, weight=0)
+    reader.start_round()  # the written objects stay what this table decodes to
+    assert reader.mapping(vs.key, 2)[a.key] is a
+    assert [s for s in dict(reader.services()) if s == vs][0] is vs
+
+
+def test_written_objects_wait_for_the_next_observation(fake, reader):
+    reader.start_round()
+    vs = VirtualServer(key("10.96.0.1", 80))
+    a = RealServer(RSKey(IPv4Address("10.244.0.1"), 8080))
+    reader.wrote([a])
+    assert reader.mapping(vs.key, 2)[a.key] is not a  # in this round: not yet
