@@ -131,15 +131,15 @@ def node_addresses(dummy_device: str) -> tuple[IPAddress, ...]:
     """This node's own addresses, as kube-proxy's IPVS mode takes them for NodePorts and
     for telling a node address from a VIP: every link's but the dummy device's (those are
     VIPs), without loopback and link-local ones (not reachable from other hosts). Two
-    dumps: every address, and the dummy device's."""
+    dump of every address, the dummy device's skipped unparsed (a large cluster has 1,000s
+    of VIPs there: parsing them was most of an idle resync's cost)."""
     sock = RtnlSocket()
     try:
-        index = sock.link_index(dummy_device)
-        vips = sock.addresses(index) if index else frozenset()
+        index = sock.link_index(dummy_device) or 0
         found = dict.fromkeys(
             a
-            for a in sock.all_addresses()
-            if a not in vips and not a.is_loopback and not a.is_link_local
+            for a in sock.all_addresses(exclude=index)
+            if not a.is_loopback and not a.is_link_local
         )
         return tuple(found)
     except OSError as exc:

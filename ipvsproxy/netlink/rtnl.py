@@ -86,6 +86,10 @@ class RtnlSocket(NetlinkSocket):
         super().__init__(NETLINK_ROUTE, "rtnetlink")
         with contextlib.suppress(OSError):  # older kernels: a full dump, filtered below
             self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+        # the last dump's messages (their bytes after the nlmsghdr, which alone carries the
+        # sequence number) and the address each holds: a full resync re-reads the dummy
+        # device's 1,000s of VIPs, unchanged, and parses none of them again
+        self._parsed: dict[bytes, IPAddress | None] = {}
 
     def link_index(self, name: str) -> int | None:
         """The index of link `name` in this socket's namespace (None: no such link).
@@ -117,10 +121,25 @@ class RtnlSocket(NetlinkSocket):
         """The addresses on link `index` (IFA_ADDRESS, as pyroute2's get_addr reports)."""
         return frozenset(self.all_addresses(index))
 
-    def all_addresses(self, index: int = 0) -> list[IPAddress]:
-        """The addresses on link `index` (0: on every link), in the kernel's order."""
+    def all_addresses(self, index: int = 0, *, exclude: int = 0) -> list[IPAddress]:
+        """The addresses on link `index` (0: on every link but `exclude`), in the kernel's
+        order."""
         chunks = self.dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index))
-        return [address for chunk in chunks for address in parse_addresses(chunk, index)]
+        previous, self._parsed = self._parsed, {}
+        out: list[IPAddress] = []
+        for chunk in chunks:
+            for kind, _, _, payload in codec.messages(chunk):
+                if kind != RTM_NEWADDR:
+                    continue
+                got = _IFADDRMSG.unpack_from(payload)[4]
+                if (index and got != index) or (exclude and got == exclude):
+                    continue  # a kernel without strict dump checking sends every link's
+                raw = bytes(payload)
+                address = previous[raw] if raw in previous else _address(payload)
+                self._parsed[raw] = address
+                if address is not None:
+                    out.append(address)
+        return out
 
 
 def _check(code: int) -> None:
@@ -128,22 +147,15 @@ def _check(code: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
-def parse_addresses(chunk: bytes, index: int) -> list[IPAddress]:
-    """The addresses in the RTM_NEWADDR messages of a dump datagram that belong to `index`
-    (0: to any link)."""
-    out: list[IPAddress] = []
-    for kind, _, _, payload in codec.messages(chunk):
-        if kind != RTM_NEWADDR:
-            continue
-        family, _, _, _, got = _IFADDRMSG.unpack_from(payload)
-        if index and got != index:
-            continue  # a kernel without strict dump checking sends every link's addresses
-        found = codec.attrs(payload, _IFADDRMSG.size)
-        raw = found.get(IFA_ADDRESS) or found.get(IFA_LOCAL)
-        if raw is None:
-            continue
-        if family == socket.AF_INET:
-            out.append(IPv4Address(bytes(raw)))
-        elif family == socket.AF_INET6:
-            out.append(IPv6Address(bytes(raw)))
-    return out
+def _address(payload: memoryview) -> IPAddress | None:
+    """The address of one RTM_NEWADDR message (IFA_ADDRESS, else IFA_LOCAL)."""
+    family = _IFADDRMSG.unpack_from(payload)[0]
+    found = codec.attrs(payload, _IFADDRMSG.size)
+    raw = found.get(IFA_ADDRESS) or found.get(IFA_LOCAL)
+    if raw is None:
+        return None
+    if family == socket.AF_INET:
+        return IPv4Address(bytes(raw))
+    if family == socket.AF_INET6:
+        return IPv6Address(bytes(raw))
+    return None

@@ -152,26 +152,53 @@ def dumped(index: int, family: int, address: str, **attrs: str) -> bytes:
     return bytes(msg.data)
 
 
+def dumping(*chunks: bytes) -> rtnl.RtnlSocket:
+    """An RtnlSocket whose address dumps answer `chunks` (no socket)."""
+    sock = rtnl.RtnlSocket.__new__(rtnl.RtnlSocket)
+    sock._parsed = {}
+    sock.dump = lambda kind, body: list(chunks)  # type: ignore[method-assign]
+    return sock
+
+
+DONE = struct.pack("=IHHIIi", 20, codec.NLMSG_DONE, 2, 0, 0, 0)
+
+
 def test_a_dump_keeps_the_device_s_addresses_only():
     chunk = (
         dumped(7, socket.AF_INET, "10.96.0.1", IFA_LOCAL="10.96.0.1", IFA_LABEL="kube-ipvs0")
         + dumped(1, socket.AF_INET, "127.0.0.1")  # another link (no strict dump checking)
         + dumped(7, socket.AF_INET6, "fd00:96::1")
-        + struct.pack("=IHHIIi", 20, codec.NLMSG_DONE, 2, 0, 0, 0)
+        + DONE
     )
-    assert rtnl.parse_addresses(chunk, 7) == [ip_address("10.96.0.1"), ip_address("fd00:96::1")]
+    want = [ip_address("10.96.0.1"), ip_address("fd00:96::1")]
+    assert dumping(chunk).all_addresses(7) == want
 
 
-def test_a_dump_of_every_link_keeps_every_address():
+def test_a_dump_of_every_link_keeps_every_address_but_the_excluded_link_s():
     chunk = (
         dumped(7, socket.AF_INET, "10.96.0.1")
         + dumped(1, socket.AF_INET, "127.0.0.1")
         + dumped(2, socket.AF_INET6, "fd00::2")
-        + struct.pack("=IHHIIi", 20, codec.NLMSG_DONE, 2, 0, 0, 0)
+        + DONE
     )
-    assert rtnl.parse_addresses(chunk, 0) == [
+    assert dumping(chunk).all_addresses() == [
         ip_address("10.96.0.1"), ip_address("127.0.0.1"), ip_address("fd00::2")
     ]  # fmt: skip
+    assert dumping(chunk).all_addresses(exclude=7) == [
+        ip_address("127.0.0.1"), ip_address("fd00::2")
+    ]  # fmt: skip
+
+
+def test_an_unchanged_message_is_not_parsed_again_a_changed_one_is():
+    one, two = dumped(7, socket.AF_INET, "10.96.0.1"), dumped(7, socket.AF_INET, "10.96.0.2")
+    sock = dumping(one + two + DONE)
+    first = sock.all_addresses(7)
+    again = sock.all_addresses(7)
+    assert again == first
+    assert all(a is b for a, b in zip(again, first, strict=True))
+    sock.dump = lambda kind, body: [one + dumped(7, socket.AF_INET, "10.96.0.3") + DONE]  # type: ignore[method-assign]
+    assert sock.all_addresses(7) == [ip_address("10.96.0.1"), ip_address("10.96.0.3")]
+    assert len(sock._parsed) == 2  # only the last dump's messages are kept
 
 
 class LinkKernel(ScriptedKernel):
