@@ -100,10 +100,16 @@ def _leaving(desired: IpvsState, observed: IpvsState) -> list[tuple[VSKey, RealS
     A desired virtual server is ipvsproxy's, destinations and all (see sync/plan.py).
     """
     out = []
+    seen = observed.dests
     for key, wanted in desired.dests.items():
-        if key.proto in _NO_DRAIN or key not in observed.services:
+        have = seen.get(key)
+        # equal first: compared by the hashes the dicts hold (and mostly by identity, see
+        # sockopt.wrote), where `rk not in wanted` would hash every key again in Python
+        if not have or have == wanted or key.proto in _NO_DRAIN:
             continue
-        out += [(key, rs) for rk, rs in observed.dests.get(key, {}).items() if rk not in wanted]
+        if key not in observed.services:
+            continue
+        out += [(key, rs) for rk, rs in have.items() if rk not in wanted]
     return out
 
 
