@@ -158,6 +158,7 @@ _DEST_SIZE = ctypes.sizeof(_DestEntry)
 _FILL = 0xFF
 _PROTOCOL_AT = _ServiceEntry.protocol.offset
 _WEIGHT_AT = _DestEntry.weight.offset
+_UNUSED = bytes([_FILL]) * 4  # a weight slot the kernel did not write
 
 _SCHEDULERS = {s.value.encode(): s for s in Scheduler}
 _PROTOS = {int(p): p for p in Proto}
@@ -190,6 +191,11 @@ class SockoptReader:
             raise Unavailable(f"cannot open an IPv4 socket: {exc}") from exc
         self._fd = self._sock.fileno()
         self._buf = ctypes.create_string_buffer(0)
+        self._view = memoryview(self._buf).cast("B")
+        # a resync asks for every service's destinations: per service the request's header,
+        # per slot count the filler of its entries, built once (the call is the hot path)
+        self._headers: dict[VSKey, tuple[int, bytes]] = {}
+        self._fillers: dict[int, bytes] = {}
         self._size = ctypes.c_uint32()
         self._services: dict[tuple[Any, ...], VirtualServer] = {}
         self._cache: dict[tuple[Any, ...], RealServer] = {}
@@ -212,7 +218,8 @@ class SockoptReader:
     def _room(self, size: int) -> memoryview:
         if len(self._buf) < size:
             self._buf = ctypes.create_string_buffer(max(size, 2 * len(self._buf)))
-        return memoryview(self._buf).cast("B")
+            self._view = memoryview(self._buf).cast("B")
+        return self._view
 
     def _get(self, option: int, size: int) -> int:
         """getsockopt(SOL_IP, option) on the first `size` bytes of the buffer; 0 or errno."""
@@ -278,19 +285,35 @@ class SockoptReader:
         service is gone (ESRCH), Unavailable on any other refusal."""
         slots = max(count, 0) + 1  # one spare slot: a destination added since the count shows
         size = _DESTS_HEAD + slots * _DEST_SIZE
+        known = self._headers.get(key)
+        if known is None or known[0] != slots:
+            known = (
+                slots,
+                _GET_DESTS.pack(
+                    key.proto, key.address.packed, key.port.to_bytes(2, "big"), 0, slots
+                ),
+            )
+            self._headers[key] = known
+        filler = self._fillers.get(slots)
+        if filler is None:
+            filler = self._fillers[slots] = bytes([_FILL]) * (slots * _DEST_SIZE)
         view = self._room(size)
-        _GET_DESTS.pack_into(
-            view, 0, key.proto, key.address.packed, key.port.to_bytes(2, "big"), 0, slots
-        )
-        self._slots(view, _DESTS_HEAD, _DEST_SIZE, slots)
+        view[:_DESTS_HEAD] = known[1]
+        view[_DESTS_HEAD:size] = filler
         code = self._get(IP_VS_SO_GET_DESTS, size)
         if code == errno.ESRCH:
             raise LookupError(str(key))
         if code:
             raise Unavailable(f"IP_VS_SO_GET_DESTS {key}: {_error(code)}")
-        if _written(view, _DESTS_HEAD, _DEST_SIZE, slots, _WEIGHT_AT, 4) != count:
+        # written from the first slot on: exactly `count` when the spare slot kept its
+        # filler and the one before it (if any) did not
+        end = _DESTS_HEAD + count * _DEST_SIZE
+        if view[end + _WEIGHT_AT : end + _WEIGHT_AT + 4] != _UNUSED or (
+            count
+            and view[end - _DEST_SIZE + _WEIGHT_AT : end - _DEST_SIZE + _WEIGHT_AT + 4] == _UNUSED
+        ):
             return None
-        return view[_DESTS_HEAD : _DESTS_HEAD + count * _DEST_SIZE]
+        return view[_DESTS_HEAD:end]
 
     def start_round(self) -> None:
         self._previous, self._cache = self._cache, {}
