@@ -42,7 +42,7 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.testing import FakeKernel
 
 if TYPE_CHECKING:
-    from ipvsproxy.serve import HttpServer, Route
+    from ipvsproxy.serve import Health, HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -204,13 +204,15 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     or busy ports, WatchError when the API refuses us for good.
     """
     from ipvsproxy.daemon import SyncPass
+    from ipvsproxy.healthcheck import ServiceHealth
     from ipvsproxy.metrics import Metrics
     from ipvsproxy.serve import Health
     from ipvsproxy.sync.runner import Runner
 
     stop = stop or threading.Event()
     metrics = Metrics()
-    health = Health(timeout=2 * config.sync_period)
+    health = Health(timeout=2 * config.sync_period, on_answer=metrics.health_answered)
+    service_health = ServiceHealth(healthy=health.healthy, on_bind_error=metrics.bind_failed)
     fatal: list[IpvsproxyError] = []
 
     def changed(kind: str) -> None:
@@ -222,6 +224,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     tracker = Tracker(
         required=(SERVICE, SLICE, NODE), on_change=changed, node_name=config.node_name
     )
+    metrics.pending(tracker.pending)
     with open_backend(config) as backend, ExitStack() as stack:
         prepare(backend, config)
         remove_leftovers(backend, config)
@@ -237,6 +240,8 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             health=health,
             companion=companion,
             node_addresses=_node_addresses(config),
+            service_health=service_health,
+            node_required=isinstance(source, Cluster),
         )
         runner = Runner(
             sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period
@@ -255,8 +260,9 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             runner.stop()
 
         threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
-        servers = _serve(config, metrics.render, health.route)
+        servers = _serve(config, metrics.render, health)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
+        cleanups.append(service_health.close)
         try:
             threads = _start_sources(source, config, tracker, stop, halt, metrics, cleanups)
             with _signals(halt):
@@ -281,7 +287,7 @@ def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
     return lambda: node_addresses(config.dummy_device)
 
 
-def _serve(config: Config, metrics: Callable[[], bytes], health: Route) -> list[HttpServer]:
+def _serve(config: Config, metrics: Callable[[], bytes], health: Health) -> list[HttpServer]:
     from ipvsproxy.serve import HttpServer
 
     text = "text/plain; version=0.0.4; charset=utf-8"
@@ -290,7 +296,9 @@ def _serve(config: Config, metrics: Callable[[], bytes], health: Route) -> list[
     ]
     try:
         servers.append(
-            HttpServer(config.healthz_bind_address, {"/healthz": health, "/livez": health})
+            HttpServer(
+                config.healthz_bind_address, {"/healthz": health.healthz, "/livez": health.livez}
+            )
         )
     except ConfigError:
         servers[0].close()

@@ -86,6 +86,8 @@ class ServiceView:
     internal_local: bool = False  # internalTrafficPolicy: Local
     affinity_timeout: int = 0  # sessionAffinity ClientIP timeout; 0 = no affinity
     source_ranges: tuple[IPNetwork, ...] = ()  # spec.loadBalancerSourceRanges
+    # spec.healthCheckNodePort of a LoadBalancer with externalTrafficPolicy Local (0: none)
+    health_check_node_port: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
 
@@ -137,6 +139,9 @@ class NodeView:
     # kube-proxy's primary node IPs (GetNodeHostIPs): per family the first InternalIP, else
     # the first ExternalIP (`--nodeport-addresses primary`)
     primary: tuple[IPAddress, ...] = ()
+    # kube-proxy's node eligibility for /healthz: not being deleted (metadata
+    # .deletionTimestamp) and not tainted ToBeDeletedByClusterAutoscaler
+    eligible: bool = True
 
     @property
     def zone(self) -> str:
@@ -214,9 +219,21 @@ def parse_service(obj: RawObject) -> ServiceView:
         internal_local=_policy(spec, "internalTrafficPolicy", ("Cluster",)),
         affinity_timeout=_affinity(spec),
         source_ranges=_source_ranges(spec) if balanced else (),
+        health_check_node_port=_health_check_port(spec, balanced),
         labels=labels,
         annotations=annotations,
     )
+
+
+def _health_check_port(spec: RawObject, balanced: bool) -> int:
+    """spec.healthCheckNodePort where kube-proxy serves it (NeedsHealthCheck: a
+    LoadBalancer with externalTrafficPolicy Local); 0 elsewhere or when unset."""
+    value = spec.get("healthCheckNodePort")
+    if not balanced or value is None or value == 0:
+        return 0
+    if not _policy(spec, "externalTrafficPolicy", ("Cluster", "Global")):
+        return 0
+    return _port(value, "spec.healthCheckNodePort")
 
 
 def _service_type(value: object) -> ServiceType:
@@ -480,7 +497,25 @@ def parse_node(obj: RawObject) -> NodeView:
             pod_cidrs.append(ip_network(text, strict=False))
         except ValueError:
             raise _bad(at, text, "is not a CIDR") from None
-    return NodeView(name, tuple(addresses), labels, tuple(pod_cidrs), tuple(primary))
+    return NodeView(
+        name, tuple(addresses), labels, tuple(pod_cidrs), tuple(primary), _eligible(obj, spec)
+    )
+
+
+TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"  # kube-proxy's ToBeDeletedTaint
+
+
+def _eligible(obj: RawObject, spec: RawObject) -> bool:
+    """kube-proxy's SyncNode: a Node being deleted or tainted for deletion by the cluster
+    autoscaler is not eligible (its /healthz answers 503, so load balancers drain it)."""
+    meta = _object(obj.get("metadata"), "metadata")
+    if meta.get("deletionTimestamp") not in (None, ""):
+        return False
+    for i, taint in enumerate(_list(spec.get("taints"), "spec.taints")):
+        taint = _object(taint, f"spec.taints[{i}]", required=True)
+        if _or(taint.get("key"), "") == TO_BE_DELETED_TAINT:
+            return False
+    return True
 
 
 # ---- field helpers ----------------------------------------------------------------------

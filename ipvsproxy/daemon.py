@@ -6,7 +6,11 @@ partial view), take the changed Services from the tracker, run one pass of the p
 record metrics and health, log one summary line, and ask the runner for an early retry
 when an operation failed or endpoints are draining.
 
-Imports: pipeline, sync.*, kernel, metrics, serve, config, errors.
+After each completed pass it also tells the health server whether this node is eligible
+(kube-proxy's SyncNode) and hands the health-check node ports their Services and local
+endpoint counts (healthcheck.py).
+
+Imports: pipeline, healthcheck, sync.*, kernel, metrics, serve, config, errors.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
+from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
@@ -58,8 +63,14 @@ class SyncPass:
         companion: Companion | None = None,
         clock: Callable[[], float] = time.monotonic,
         node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
+        service_health: ServiceHealth | None = None,
+        node_required: bool = False,
     ) -> None:
         self._config = config
+        self._service_health = service_health
+        # from the API the Node must exist for /healthz to be 200 (kube-proxy); manifests
+        # may hold none
+        self._node_required = node_required
         self._tracker = tracker
         self._metrics = metrics
         self._health = health
@@ -105,6 +116,8 @@ class SyncPass:
         full = started - self._last_full >= self._config.sync_period * FULL_DUE
         moved = full and self.pipeline.refresh_host()  # this host's addresses changed
         changes = self._tracker.take(everything=moved)
+        node = changes.node
+        self._health.node_eligible(node.eligible if node else not self._node_required)
         self.pipeline.feed(changes)
         self._warn(self.pipeline.warnings)
         try:
@@ -116,6 +129,7 @@ class SyncPass:
             self._pass_failed("sync failed with an unexpected error", traceback=True)
             return
         if result.full:
+            self._metrics.families(self.pipeline.families())
             if not self._frozen:
                 freeze_heap()
                 self._frozen = True
@@ -132,15 +146,21 @@ class SyncPass:
             real_servers=result.real_servers,
             draining=result.sync.draining,
             triggers=changes.trigger_times,
+            full=result.full,
         )
         fell_back = self.pipeline.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         if result.companion_error:
             log.error("companion rules: %s", result.companion_error)
+        errors = {result.companion_error} | {str(f.error) for f in report.failures}
+        for version in _restore_failures(errors - {""}):
+            self._metrics.restore_failed(version)
         else:
             # Health is kube-proxy's: the loop is alive and completes passes. A refused
             # operation is a metric, a log line and a retry, never the node's health.
             self._health.updated()
+        if self._service_health is not None:
+            self._service_health.sync(self.pipeline.health_checks, self._listen_on())
         self._log_failures(result)
         self._warn(self.pipeline.warnings)  # substitutes for refused settings, named
         log.info(
@@ -160,6 +180,15 @@ class SyncPass:
         )
         self.last = result
         self._retry(failed=bool(result.companion_error), draining=result.sync.draining > 0)
+
+    def _listen_on(self) -> tuple[IPAddress, ...]:
+        """Where health-check node ports listen: kube-proxy's nodePortAddresses when they
+        restrict (CIDRs, or `primary`), else everywhere (empty)."""
+        node, config = self.pipeline.node, self._config
+        if node is None or not (config.nodeport_cidrs or config.nodeport_primary):
+            return ()
+        chosen = node.primary if config.nodeport_primary else node.addresses
+        return tuple(a for a in chosen if config.selects_nodeport_address(a))
 
     def _pass_failed(self, message: str, *, traceback: bool) -> None:
         """A pass that did not complete: logged (with the traceback when unexpected),
@@ -213,6 +242,18 @@ class SyncPass:
             delays.append(DRAIN_POLL)
         if delays:
             self.runner.retry_after(max(min(delays), self._config.min_sync_period))
+
+
+def _restore_failures(errors: set[str]) -> list[int]:
+    """Per failed iptables-restore run (one error message, however many operations it
+    failed: the companion's, or the fallback's), its IP version (kube-proxy's
+    iptables_restore_failures_total counts those alone, not ipset or netlink failures)."""
+    return [
+        version
+        for error in errors
+        for version, tool in ((4, "iptables-restore"), (6, "ip6tables-restore"))
+        if tool in error
+    ]
 
 
 def _object_of(op: Op) -> object:

@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from ipvsproxy.kernel import ApplyReport, Plan
 
-# kube-proxy's buckets for sync durations (exponential from 1 ms) and programming latency.
+# kube-proxy's buckets: sync durations exponential from 1 ms; the programming latency
+# merged from linear runs after a first bucket at 0 (pkg/proxy/metrics/metrics.go)
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
-LATENCY_BUCKETS = (*(0.25 * i for i in range(1, 8)), *range(2, 16), *range(15, 61, 5), 75, 90,
-                   120, 150, 180, 240, 300, 600, 900)  # fmt: skip
+LATENCY_BUCKETS = (0.0, 0.25, 0.5, *range(1, 60), *range(60, 120, 5), *range(120, 301, 30))
+FAMILIES = {4: "IPv4", 6: "IPv6"}
 
 
 class Metrics:
@@ -29,25 +30,44 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._clock = clock
         r = self.registry
+        family = ["ip_family"]
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
+            family,
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.full_duration = Histogram(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            family,
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.partial_duration = Histogram(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            family,
             buckets=SYNC_BUCKETS,
             registry=r,
         )
         self.last_sync = Gauge(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
+            family,
             registry=r,
         )
         self.last_queued = Gauge(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
+            family,
             registry=r,
         )
         self.programming = Histogram(
             "kubeproxy_network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds",
+            family,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -61,6 +81,37 @@ class Metrics:
             "Cumulative proxy rules Endpoint changes",
             registry=r,
         )
+        self.service_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            registry=r,
+        )
+        self.endpoint_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            registry=r,
+        )
+        self.restore_failures = Counter(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures (the companion rules and the "
+            "iptables fallback)",
+            family,
+            registry=r,
+        )
+        self.healthz = Counter(
+            "kubeproxy_proxy_healthz", "Cumulative proxy healthz HTTP status", ["code"],
+            registry=r,
+        )  # fmt: skip
+        self.livez = Counter(
+            "kubeproxy_proxy_livez", "Cumulative proxy livez HTTP status", ["code"], registry=r
+        )
+        self.bind_errors = Counter(
+            "ipvsproxy_health_check_node_port_bind_errors",
+            "Health-check node ports that could not be bound (retried at the next sync)",
+            registry=r,
+        )
+        self._families: tuple[str, ...] = ()
+        self.families((4,))
         self.operations = Counter(
             "ipvsproxy_kernel_operations",
             "Operations written to the kernel backend, by kind and result",
@@ -102,8 +153,34 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def pending(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """kube-proxy's *_changes_pending gauges, read from `counts` (changes by kind not
+        yet taken by a sync) at every scrape."""
+        self.service_pending.set_function(lambda: counts().get("Service", 0))
+        self.endpoint_pending.set_function(lambda: counts().get("EndpointSlice", 0))
+
+    def families(self, versions: Iterable[int]) -> None:
+        """The IP families this node's proxy serves: the `ip_family` label values."""
+        self._families = tuple(FAMILIES[v] for v in sorted(set(versions)) if v in FAMILIES) or (
+            "IPv4",
+        )
+        for family in self._families:  # exported from the start, as zeros
+            for metric in (self.sync_duration, self.full_duration, self.partial_duration,
+                           self.programming, self.restore_failures):  # fmt: skip
+                metric.labels(family)
+
     def queued(self) -> None:
-        self.last_queued.set(self._clock())
+        for family in self._families:
+            self.last_queued.labels(family).set(self._clock())
+
+    def health_answered(self, path: str, code: int) -> None:
+        (self.healthz if path == "/healthz" else self.livez).labels(str(code)).inc()
+
+    def bind_failed(self) -> None:
+        self.bind_errors.inc()
+
+    def restore_failed(self, version: int) -> None:
+        self.restore_failures.labels(FAMILIES.get(version, "IPv4")).inc()
 
     def changed(self, kind: str) -> None:
         if kind == "Service":
@@ -126,9 +203,12 @@ class Metrics:
         real_servers: int,
         draining: int,
         triggers: Iterable[str] = (),
+        full: bool = True,
     ) -> None:
-        """Record one completed sync pass."""
-        self.sync_duration.observe(seconds)
+        """Record one completed sync pass (its whole duration, companion rules included)."""
+        for family in self._families:
+            self.sync_duration.labels(family).observe(seconds)
+            (self.full_duration if full else self.partial_duration).labels(family).observe(seconds)
         attempted = Tally(type(op).__name__ for op in plan)
         failed = Tally(type(f.op).__name__ for f in report.failures)
         for kind, count in attempted.items():
@@ -141,12 +221,14 @@ class Metrics:
         self.real_servers.set(real_servers)
         self.draining.set(draining)
         now = self._clock()
-        self.last_sync.set(now)  # a completed pass, as kube-proxy's (failed operations too)
+        for family in self._families:  # a completed pass, as kube-proxy's (failures too)
+            self.last_sync.labels(family).set(now)
         if report.ok:
             for trigger in triggers:
                 started = _timestamp(trigger)
                 if started is not None and now >= started:
-                    self.programming.observe(now - started)
+                    for family in self._families:
+                        self.programming.labels(family).observe(now - started)
 
     def no_local(self, counts: Mapping[tuple[str, int], int]) -> None:
         """kube-proxy's gauge, every (policy, family) set (0 when none fell back)."""

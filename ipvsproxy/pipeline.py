@@ -60,6 +60,7 @@ from ipvsproxy.sync.desired import (
     Access,
     Contribution,
     Entry,
+    local_ready_endpoints,
     node_warnings,
     translate_service,
 )
@@ -163,6 +164,9 @@ class Pipeline:
     table: Table = field(default_factory=Table)
     node: NodeView | None = None
     warnings: tuple[str, ...] = ()
+    # per Service ("namespace/name") that wants one, its health-check node port and local
+    # ready endpoints (kube-proxy's HealthCheckNodePorts and LocalReadyEndpoints)
+    health_checks: dict[str, tuple[int, int]] = field(default_factory=dict)
     _keys: set[VSKey] = field(default_factory=set)  # to look at in the next partial pass
     _addresses: set[IPAddress] = field(default_factory=set)
     _ownership: Ownership | None = None
@@ -214,11 +218,15 @@ class Pipeline:
                 self.node, self._ownership = node, None
         assert self.node is not None
         for ref, svc in changes.services.items():
+            slices = changes.slices.get(ref, ())
             contribution = (
-                translate_service(svc, changes.slices.get(ref, ()), self.node, self.config)
-                if svc is not None
-                else None
+                translate_service(svc, slices, self.node, self.config) if svc is not None else None
             )
+            if svc is not None and svc.health_check_node_port:
+                local = local_ready_endpoints(svc, slices, self.config.node_name)
+                self.health_checks[svc.ref] = (svc.health_check_node_port, local)
+            else:
+                self.health_checks.pop("/".join(ref), None)
             if contribution is not None:
                 contribution = _reusing(contribution, self.index)
             keys = self.index.update(ref, contribution)
@@ -237,6 +245,10 @@ class Pipeline:
             addresses = self.node.addresses if self.node is not None else ()
             self._ownership = replace(ownership_for(self.config, addresses), known=self._known)
         return self._ownership
+
+    def families(self) -> set[int]:
+        """The IP versions of the virtual servers this node serves (4 when none)."""
+        return {key.address.version for key in self.index.services} or {4}
 
     def plan(self, *, full: bool, observed: IpvsState | None = None) -> PassPlan:
         """What one pass would change; `observed` replaces a full observation (diff of a

@@ -1,10 +1,10 @@
 """The agent's HTTP endpoints: health (`/healthz`, `/livez`) and Prometheus `/metrics`.
 
 Owns: `Health` (kube-proxy's meaning: unhealthy when a queued sync has not completed within
-2 x the sync period), `HttpServer` (a small threaded server for a few fixed routes: at most
-`workers` requests at once, each given `request_timeout` seconds in all, so a client that
-connects and sends nothing, or trickles, cannot hold a thread or pile up new ones), and
-`parse_bind_address`.
+2 x the sync period; /healthz also when this node is not eligible), `HttpServer` (a small
+threaded server for a few fixed routes, or any path: at most `workers` requests at once,
+each given `request_timeout` seconds in all, so a client that connects and sends nothing,
+or trickles, cannot hold a thread or pile up new ones), and `parse_bind_address`.
 
 Imports: errors, the standard library.
 """
@@ -27,18 +27,33 @@ from ipvsproxy.errors import ConfigError
 log = logging.getLogger(__name__)
 
 Response = tuple[int, str, bytes]  # status, content type, body
-Route = Callable[[], Response]
+Headed = tuple[int, str, bytes, Mapping[str, str]]  # ... and headers of its own
+Route = Callable[[], Response | Headed]
+JSON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # as kube-proxy's health answers
 
 
 class Health:
-    """When syncs were queued and completed; healthy unless one queued is overdue."""
+    """kube-proxy's proxy health (pkg/proxy/healthcheck/proxy_health.go): healthy unless a
+    sync queued has not completed within `timeout`; `/healthz` also needs this node to be
+    eligible (its Node object there, not being deleted, not tainted for deletion by the
+    cluster autoscaler), `/livez` only the timing. `on_answer(path, code)` counts answers
+    (kubeproxy_proxy_healthz_total / _livez_total)."""
 
-    def __init__(self, *, timeout: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        clock: Callable[[], float] = time.time,
+        on_answer: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.timeout = timeout
         self._clock = clock
+        self._on_answer = on_answer
         self._lock = threading.Lock()
         self._queued: float | None = None
         self._updated: float | None = None
+        # eligible while starting, until the Node is known to say otherwise (kube-proxy)
+        self._eligible = True
         self.detail: dict[str, object] = {}  # e.g. the backend in use and why
 
     def queued(self) -> None:
@@ -51,13 +66,23 @@ class Health:
             self._updated = self._clock()
             self._queued = None
 
+    def node_eligible(self, eligible: bool) -> None:
+        with self._lock:
+            self._eligible = eligible
+
+    def healthy(self) -> bool:
+        """The proxy's health alone, as kube-proxy's IsHealthy (the service health checks'
+        serviceProxyHealthy): no queued sync overdue."""
+        return self.status()[0]
+
     def status(self) -> tuple[bool, dict[str, object]]:
         now = self._clock()
         with self._lock:
             queued, updated = self._queued, self._updated
         healthy = queued is None or now - queued <= self.timeout
         body: dict[str, object] = {
-            "lastUpdated": _iso(updated),
+            # kube-proxy reports the current time as lastUpdated while healthy
+            "lastUpdated": _iso(now if healthy else updated),
             "currentTime": _iso(now),
             "healthy": healthy,
             **self.detail,
@@ -66,9 +91,22 @@ class Health:
             body["oldestPendingQueued"] = _iso(queued)
         return healthy, body
 
-    def route(self) -> Response:
+    def healthz(self) -> Headed:
         healthy, body = self.status()
-        return (200 if healthy else 503), "application/json", json.dumps(body).encode() + b"\n"
+        with self._lock:
+            eligible = self._eligible
+        body = {**body, "nodeEligible": eligible, "healthy": healthy and eligible}
+        return self._answer("/healthz", healthy and eligible, body)
+
+    def livez(self) -> Headed:
+        healthy, body = self.status()
+        return self._answer("/livez", healthy, body)
+
+    def _answer(self, path: str, healthy: bool, body: dict[str, object]) -> Headed:
+        code = 200 if healthy else 503
+        if self._on_answer is not None:
+            self._on_answer(path, code)
+        return code, "application/json", json.dumps(body).encode() + b"\n", JSON_HEADERS
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -225,10 +263,13 @@ def _handler(routes: dict[str, Route], timeout_s: float) -> type[BaseHTTPRequest
         timeout = timeout_s
 
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            route = routes.get(self.path.split("?", 1)[0])
-            status, ctype, body = route() if route else (404, "text/plain", b"not found\n")
+            route = routes.get(self.path.split("?", 1)[0]) or routes.get("*")  # "*": any path
+            reply = route() if route else (404, "text/plain", b"not found\n")
+            status, ctype, body = reply[:3]
             self.send_response(status)
             self.send_header("Content-Type", ctype)
+            for name, value in (reply[3] if len(reply) > 3 else {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

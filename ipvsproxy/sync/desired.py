@@ -299,6 +299,20 @@ def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Bac
     return [(ep, number) for (_, number), ep in found.items()]
 
 
+def local_ready_endpoints(
+    svc: ServiceView, slices: Sequence[EndpointSliceView], node_name: str
+) -> int:
+    """kube-proxy's LocalReadyEndpoints for one Service, what its health-check node port
+    reports: per Service port, the endpoints on this node that are ready (terminating ones
+    are not), summed over the ports."""
+    return sum(
+        1
+        for port in svc.ports
+        for ep, _ in _backends(slices, port)
+        if ep.ready and ep.node_name == node_name
+    )
+
+
 def _uses(svc: ServiceView) -> tuple[bool, bool]:
     """Whether a Service's frontends ever use the cluster's endpoints, and this node's
     (kube-proxy's ServicePort UsesClusterEndpoints / UsesLocalEndpoints)."""

@@ -120,6 +120,7 @@ class Tracker:
         self._dirty: set[Ref] = set()
         self._everything = True  # the first take hands over everything
         self._triggers: list[str] = []
+        self._pending: dict[str, int] = {}  # changes by kind since the last take
 
     # ---- feeding (watcher threads) ----------------------------------------------------------
 
@@ -136,6 +137,8 @@ class Tracker:
                 changed = self._store(kind, Parsed(key, None)) or changed
             for item in fresh.values():
                 changed = self._store(kind, item, event=True) or changed
+            if changed:
+                self._pending[kind] = self._pending.get(kind, 0) + 1
         if changed:
             self._on_change(kind)
 
@@ -146,6 +149,8 @@ class Tracker:
         item = Parsed(_key(obj), None) if event_type == "DELETED" else parse(kind, obj)
         with self._lock:
             changed = self._store(kind, item, event=True)
+            if changed:
+                self._pending[kind] = self._pending.get(kind, 0) + 1
         if changed:
             self._on_change(kind)
 
@@ -243,6 +248,7 @@ class Tracker:
             }
             triggers, self._triggers = tuple(self._triggers), []
             self._dirty, self._everything = set(), False
+            self._pending = {}
             return Changes(
                 services=services,
                 slices=slices,
@@ -251,6 +257,12 @@ class Tracker:
                 warnings=tuple(self._warnings.values()),
                 trigger_times=triggers,
             )
+
+    def pending(self) -> dict[str, int]:
+        """Changes by kind (`Service`, `EndpointSlice`, `Node`) that no sync has taken yet
+        (kube-proxy's *_changes_pending)."""
+        with self._lock:
+            return dict(self._pending)
 
     def views(self, kind: str) -> tuple[View, ...]:
         """Every current view of one kind (tests, tools)."""
