@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
-from ipvsproxy import __version__, agent
+from ipvsproxy import __version__, agent, kpconfig
 from ipvsproxy.backends import CompanionUnavailable
 from ipvsproxy.config import (
     Config,
@@ -100,6 +101,8 @@ def node_options(func: F) -> F:
         ),
         click.option(
             "--scheduler",
+            "--ipvs-scheduler",
+            "scheduler",
             default="rr",
             show_default=True,
             help="Node-wide default IPVS scheduler (a Service may override it by annotation).",
@@ -146,6 +149,8 @@ def node_options(func: F) -> F:
         ),
         click.option(
             "--masquerade-bit",
+            "--iptables-masquerade-bit",
+            "masquerade_bit",
             type=click.IntRange(0, 31),
             default=14,
             show_default=True,
@@ -237,6 +242,70 @@ def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, s
     return cluster_cidrs, mode, interface
 
 
+def kube_proxy_options(func: F) -> F:
+    """kube-proxy's configuration file and the flags of its that have no ipvsproxy twin,
+    so that a kube-proxy DaemonSet's arguments work as they are."""
+    options = [
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(path_type=Path),
+            help="A KubeProxyConfiguration file (kube-proxy's --config, e.g. kubeadm's "
+            "config.conf); flags given on the command line win over it.",
+        ),
+        click.option(
+            "--proxy-mode",
+            default="",
+            metavar="ipvs",
+            help="kube-proxy's mode flag: only ipvs (or empty) is accepted.",
+        ),
+        click.option(
+            "--v",
+            "-v",
+            "v",
+            type=click.IntRange(min=0),
+            default=0,
+            metavar="N",
+            help="kube-proxy's (klog's) verbosity: 4 or more logs at debug level.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def from_config_file(opts: dict[str, Any]) -> None:
+    """Fill `opts` from `--config` where the command line (or the environment) gave no
+    value, check `--proxy-mode`, apply `--v` and the file's logging format. Precedence:
+    command line > environment > file > defaults."""
+    ctx = click.get_current_context()
+    path = opts.pop("config_file")
+    loaded = kpconfig.load(path) if path is not None else kpconfig.Loaded()
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    for name, value in loaded.values.items():
+        if name == "log_format":
+            root = ctx.find_root()
+            if root.get_parameter_source("log_format") not in given:
+                _set_log_format(str(value))
+        elif name in opts and ctx.get_parameter_source(name) not in given:
+            opts[name] = Path(str(value)) if name == "kubeconfig" else value
+    if loaded.ignored:
+        log.warning("--config %s: ignored (no meaning for ipvsproxy): %s", path,
+                    ", ".join(loaded.ignored))  # fmt: skip
+    mode = opts.pop("proxy_mode").strip()
+    if mode not in ("", "ipvs"):
+        raise ConfigError(f"--proxy-mode {mode!r}: ipvsproxy is an IPVS proxy (ipvs only)")
+    if opts.pop("v") >= 4:
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
+def _set_log_format(name: str) -> None:
+    if name not in ("text", "json"):
+        raise ConfigError(f"logging.format {name!r}: expected text or json")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonFormatter() if name == "json" else TEXT_FORMAT)
+
+
 def errors_to_exit(func: F) -> F:
     """Our errors become one line on stderr and exit status 2; never a traceback."""
 
@@ -310,12 +379,14 @@ class JsonFormatter(logging.Formatter):
 )
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
 @node_options
+@kube_proxy_options
 @errors_to_exit
 def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     """Dry run: print the plan `run` would apply; change nothing.
 
     Exit status: 0 in sync, 1 changes pending, 2 error.
     """
+    from_config_file(opts)
     source = make_source(opts)
     config = make_config(opts)
     result = agent.diff(config, source=source, kernel_state=kernel_state)
@@ -412,9 +483,29 @@ def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
 @main.command()
 @source_options
 @click.option("--once", is_flag=True, help="Sync once, then exit (0: all applied, 1: failures).")
-@duration("--min-sync-period", "1s", "At most one sync per this (e.g. 1s, 500ms).")
-@duration("--sync-period", "30s", "At least one full resync per this.")
-@duration("--drain-timeout", "30s", "How long a removed endpoint keeps its connections.")
+@click.option(
+    "--min-sync-period",
+    "--ipvs-min-sync-period",
+    "min_sync_period",
+    default="1s",
+    show_default=True,
+    metavar="DURATION",
+    help="At most one sync per this (e.g. 1s, 500ms).",
+)
+@click.option(
+    "--sync-period",
+    "--ipvs-sync-period",
+    "sync_period",
+    default="30s",
+    show_default=True,
+    metavar="DURATION",
+    help="At least one full resync per this.",
+)
+@duration(
+    "--drain-timeout",
+    "30s",
+    "How long a removed endpoint keeps its connections (0: until they end, as kube-proxy).",
+)
 @click.option(
     "--metrics-bind-address",
     default="127.0.0.1:10249",
@@ -424,17 +515,45 @@ def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
 )
 @click.option(
     "--healthz-bind-address",
-    default="127.0.0.1:10256",
+    default="0.0.0.0:10256",
     show_default=True,
     metavar="ADDR:PORT",
     help="Where /healthz and /livez are served.",
 )
-@click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
-@click.option("--tcp-timeout", type=click.IntRange(min=0), default=0, help="IPVS TCP timeout, s.")
-@click.option("--tcp-fin-timeout", type=click.IntRange(min=0), default=0, help="... TCP FIN, s.")
-@click.option("--udp-timeout", type=click.IntRange(min=0), default=0, help="IPVS UDP timeout, s.")
+@click.option(
+    "--strict-arp",
+    "--ipvs-strict-arp",
+    "strict_arp",
+    is_flag=True,
+    help="Set arp_ignore=1 and arp_announce=2.",
+)
+@click.option(
+    "--tcp-timeout",
+    "--ipvs-tcp-timeout",
+    "tcp_timeout",
+    default="0s",
+    metavar="DURATION",
+    help="IPVS TCP timeout (0: leave the kernel's).",
+)
+@click.option(
+    "--tcp-fin-timeout",
+    "--ipvs-tcpfin-timeout",
+    "tcp_fin_timeout",
+    default="0s",
+    metavar="DURATION",
+    help="IPVS TCP FIN_WAIT timeout (0: leave the kernel's).",
+)
+@click.option(
+    "--udp-timeout",
+    "--ipvs-udp-timeout",
+    "udp_timeout",
+    default="0s",
+    metavar="DURATION",
+    help="IPVS UDP timeout (0: leave the kernel's).",
+)
 @conntrack_options
 @node_options
+@kube_proxy_options
 @errors_to_exit
 def run(once: bool, **opts: Any) -> None:
     """Program the kernel's IPVS table from Services and EndpointSlices.
@@ -445,6 +564,7 @@ def run(once: bool, **opts: Any) -> None:
     operations failed (--once), 2 bad input or the API refused us, 3 no usable backend,
     4 no IPVS and --no-fallback, 5 IPVS without a tool its companion rules need.
     """
+    from_config_file(opts)
     source = make_source(opts)
     config = run_config(opts)
     if once:
@@ -486,9 +606,9 @@ def run_config(opts: dict[str, Any]) -> Config:
     return dataclasses.replace(
         make_config(opts),
         strict_arp=opts.pop("strict_arp"),
-        tcp_timeout=opts.pop("tcp_timeout"),
-        tcp_fin_timeout=opts.pop("tcp_fin_timeout"),
-        udp_timeout=opts.pop("udp_timeout"),
+        tcp_timeout=int(seconds("tcp_timeout")),
+        tcp_fin_timeout=int(seconds("tcp_fin_timeout")),
+        udp_timeout=int(seconds("udp_timeout")),
         **conntrack_config(opts),
         min_sync_period=min_sync,
         sync_period=sync_period,

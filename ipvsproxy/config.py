@@ -60,7 +60,7 @@ class Config:
     sync_period: float = 30.0  # seconds: at least one full resync per this
     drain_timeout: float = 30.0  # seconds a removed endpoint may keep its connections
     metrics_bind_address: tuple[str, int] = ("127.0.0.1", 10249)
-    healthz_bind_address: tuple[str, int] = ("127.0.0.1", 10256)
+    healthz_bind_address: tuple[str, int] = ("0.0.0.0", 10256)  # load balancers probe it
 
     def selects_nodeport_address(self, address: IPAddress) -> bool:
         """Whether NodePorts listen on this node address (`--nodeport-addresses`): as

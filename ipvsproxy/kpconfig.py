@@ -1,1 +1,210 @@
-"""Placeholder: filled in by issue 16 work."""
+"""kube-proxy's configuration file (`--config`): a KubeProxyConfiguration read into options.
+
+Owns: `load()`. The file is what kubeadm's `kube-proxy` ConfigMap holds (`config.conf`) or
+what `kube-proxy --write-config-to` writes: `kubeproxy.config.k8s.io/v1alpha1`, YAML or
+JSON. Every field with a meaning here becomes the value of the `ipvsproxy run` option that
+means the same (named as the CLI names its parameters, in the types the CLI takes); the CLI
+gives command-line flags (and the environment) precedence over it, and it precedence over
+defaults (README "Configuration file").
+
+A field left at its zero value (null, "", 0, 0s, false), as kubeadm's file leaves them, is
+unset: the option keeps its default. Fields with no meaning here (another proxy mode's,
+profiling, client rate limits, ...) are named in one warning when set to anything but
+their zero value or kube-proxy's default; a field kube-proxy does not know is an error, as
+kube-proxy's strict decoding makes it one, and so is a `mode` other than ipvs.
+
+Imports: errors, the standard library, yaml.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ipvsproxy.errors import ConfigError
+
+API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
+KIND = "KubeProxyConfiguration"
+
+# (section, field) -> the run option it sets; section "" is the top level
+MEANINGFUL: dict[tuple[str, str], str] = {
+    ("clientConnection", "kubeconfig"): "kubeconfig",
+    ("", "hostnameOverride"): "hostname_override",
+    ("", "healthzBindAddress"): "healthz_bind_address",
+    ("", "metricsBindAddress"): "metrics_bind_address",
+    ("", "clusterCIDR"): "cluster_cidr",
+    ("", "detectLocalMode"): "detect_local_mode",
+    ("detectLocal", "bridgeInterface"): "pod_bridge_interface",
+    ("detectLocal", "interfaceNamePrefix"): "pod_interface_name_prefix",
+    ("", "nodePortAddresses"): "nodeport_addresses",
+    ("ipvs", "scheduler"): "scheduler",
+    ("ipvs", "syncPeriod"): "sync_period",
+    ("ipvs", "minSyncPeriod"): "min_sync_period",
+    ("ipvs", "excludeCIDRs"): "ipvs_exclude_cidrs",
+    ("ipvs", "strictARP"): "strict_arp",
+    ("ipvs", "tcpTimeout"): "tcp_timeout",
+    ("ipvs", "tcpFinTimeout"): "tcp_fin_timeout",
+    ("ipvs", "udpTimeout"): "udp_timeout",
+    ("iptables", "masqueradeAll"): "masquerade_all",
+    ("iptables", "masqueradeBit"): "masquerade_bit",
+    ("conntrack", "maxPerCore"): "conntrack_max_per_core",
+    ("conntrack", "min"): "conntrack_min",
+    ("conntrack", "tcpEstablishedTimeout"): "conntrack_tcp_timeout_established",
+    ("conntrack", "tcpCloseWaitTimeout"): "conntrack_tcp_timeout_close_wait",
+    ("conntrack", "tcpBeLiberal"): "conntrack_tcp_be_liberal",
+    ("conntrack", "udpTimeout"): "conntrack_udp_timeout",
+    ("conntrack", "udpStreamTimeout"): "conntrack_udp_timeout_stream",
+    ("logging", "format"): "log_format",
+    ("logging", "verbosity"): "v",
+}
+# Fields kube-proxy knows that mean nothing here, with kube-proxy's defaults (not warned)
+IGNORED: dict[tuple[str, str], tuple[object, ...]] = {
+    ("", "bindAddress"): ("0.0.0.0", "::"),
+    ("", "bindAddressHardFail"): (),
+    ("", "configSyncPeriod"): ("15m0s",),
+    ("", "enableProfiling"): (),
+    ("", "featureGates"): (),
+    ("", "oomScoreAdj"): (-999,),
+    ("", "portRange"): (),
+    ("", "showHiddenMetricsForVersion"): (),
+    ("", "windowsRunAsService"): (),
+    ("clientConnection", "acceptContentTypes"): (),
+    ("clientConnection", "contentType"): ("application/vnd.kubernetes.protobuf",),
+    ("clientConnection", "qps"): (5,),
+    ("clientConnection", "burst"): (10,),
+    ("iptables", "localhostNodePorts"): (True,),
+    ("iptables", "minSyncPeriod"): ("1s",),
+    ("iptables", "syncPeriod"): ("30s",),
+    ("nftables", "masqueradeAll"): (),
+    ("nftables", "masqueradeBit"): (14,),
+    ("nftables", "minSyncPeriod"): ("1s",),
+    ("nftables", "syncPeriod"): ("30s",),
+    ("logging", "flushFrequency"): ("5s", 5000000000),
+    ("logging", "options"): ({"json": {"infoBufferSize": "0"}, "text": {"infoBufferSize": "0"}},),
+    ("logging", "vmodule"): (),
+}
+SECTIONS = {"clientConnection", "conntrack", "detectLocal", "ipvs", "iptables", "logging",
+            "nftables", "winkernel"}  # fmt: skip
+TOP = {"apiVersion", "kind", "mode"} | SECTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The options the file sets, and what it sets that has no meaning here."""
+
+    values: Mapping[str, object] = field(default_factory=dict)
+    ignored: tuple[str, ...] = ()
+
+
+def load(path: Path) -> Loaded:
+    """Read and check one KubeProxyConfiguration file; ConfigError naming the file (and
+    the field) for anything wrong."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    try:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        doc = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=loader)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--config {path}: not YAML or JSON: {exc}") from None
+    try:
+        return parse(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+
+
+def parse(doc: object) -> Loaded:
+    if not isinstance(doc, Mapping):
+        raise ConfigError("expected a KubeProxyConfiguration object")
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        raise ConfigError(
+            f"apiVersion {doc.get('apiVersion')!r}, kind {doc.get('kind')!r}: expected "
+            f"{API_VERSION} {KIND}"
+        )
+    mode = doc.get("mode") or ""
+    if mode not in ("", "ipvs"):
+        raise ConfigError(f"mode: {mode!r}: ipvsproxy is an IPVS proxy (mode ipvs, or empty)")
+    values: dict[str, object] = {}
+    ignored: list[str] = []
+    for section, fields in _fields(doc):
+        for name, value in fields.items():
+            where = f"{section}.{name}" if section else name
+            option = MEANINGFUL.get((section, name))
+            if option is not None:
+                converted = _value(option, value, where)
+                if converted is not None:
+                    values[option] = converted
+            elif (section, name) in IGNORED or section == "winkernel":
+                if not _zero(value) and value not in IGNORED.get((section, name), ()):
+                    ignored.append(where)
+            else:
+                raise ConfigError(f"{where}: unknown field (kube-proxy would refuse it too)")
+    return Loaded(values, tuple(ignored))
+
+
+def _fields(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    top = {k: v for k, v in doc.items() if k not in TOP}
+    out: list[tuple[str, Mapping[str, Any]]] = [("", top)]
+    for section in sorted(SECTIONS & doc.keys()):
+        value = doc[section]
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{section}: expected an object, got {type(value).__name__}")
+        out.append((section, value))
+    for name in top:
+        if ("", name) not in MEANINGFUL and ("", name) not in IGNORED:
+            raise ConfigError(f"{name}: unknown field (kube-proxy would refuse it too)")
+    return out
+
+
+def _zero(value: object) -> bool:
+    return value in (None, "", 0, False, "0s", "0") or value == [] or value == {}
+
+
+_STRINGS = {"kubeconfig", "hostname_override", "cluster_cidr", "detect_local_mode",
+            "pod_bridge_interface", "pod_interface_name_prefix", "scheduler", "log_format",
+            "healthz_bind_address", "metrics_bind_address"}  # fmt: skip
+_DURATIONS = {"sync_period", "min_sync_period", "tcp_timeout", "tcp_fin_timeout", "udp_timeout",
+              "conntrack_tcp_timeout_established", "conntrack_tcp_timeout_close_wait",
+              "conntrack_udp_timeout", "conntrack_udp_timeout_stream"}  # fmt: skip
+_LISTS = {"nodeport_addresses", "ipvs_exclude_cidrs"}
+_BOOLS = {"strict_arp", "masquerade_all", "conntrack_tcp_be_liberal"}
+# where kube-proxy's zero is a value of its own, not "unset": a conntrack count of 0 leaves
+# the kernel's limit; a verbosity of 0 is a verbosity
+_ZERO_SET = {"conntrack_max_per_core", "conntrack_min", "v"}
+
+
+def _value(option: str, value: object, where: str) -> object | None:
+    """The option's value in the type the CLI takes it; None: unset (its zero value)."""
+    if value is None:
+        return None
+    if option in _STRINGS or option in _DURATIONS:
+        return _string(value, where, duration=option in _DURATIONS)
+    if option in _LISTS:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings")
+        return ",".join(value) or None
+    if option in _BOOLS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value or None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value if value or option in _ZERO_SET else None
+
+
+def _string(value: object, where: str, *, duration: bool) -> str | None:
+    """A string option (host:port, CIDR, name, Go duration: the CLI checks it as it
+    checks its flag); "" and a zero duration are unset."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {type(value).__name__}")
+    if duration and value in ("0s", "0"):
+        return None
+    return value or None

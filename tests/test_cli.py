@@ -159,7 +159,7 @@ def test_run_hands_the_parsed_config_and_source_to_the_agent(monkeypatch):
     config = seen["c"]
     assert (config.min_sync_period, config.sync_period, config.drain_timeout) == (0.5, 90, 0)
     assert config.metrics_bind_address == ("::1", 0)
-    assert config.healthz_bind_address == ("127.0.0.1", 10256)
+    assert config.healthz_bind_address == ("0.0.0.0", 10256)  # kube-proxy's default
     assert config.node_name == "node-from-env"
     assert seen["s"] == agent.Cluster(Path("kc.yaml"), "prod")
 

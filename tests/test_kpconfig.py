@@ -1,0 +1,172 @@
+"""kube-proxy's configuration file (`--config`) and flag names: the two real files of
+tests/data/kube-proxy-config (written by kube-proxy v1.36.2 and by kubeadm v1.36.2), the
+precedence of command line over file over defaults, and a kube-proxy DaemonSet's
+arguments."""
+
+from __future__ import annotations
+
+import json
+from ipaddress import ip_network
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from ipvsproxy import kpconfig
+from ipvsproxy.cli import main
+from ipvsproxy.errors import ConfigError
+from ipvsproxy.schedulers import Scheduler
+
+FILES = Path(__file__).parent / "data" / "kube-proxy-config"
+WRITTEN = FILES / "written-by-kube-proxy-v1.36.2.yaml"
+KUBEADM = FILES / "kubeadm-v1.36.2-init-defaults.yaml"
+
+
+def agent_config(monkeypatch, *args: str) -> tuple[Any, Any]:
+    """What `ipvsproxy run ARGS` hands the agent (its config and source)."""
+    from ipvsproxy import agent
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    result = CliRunner().invoke(main, ["run", *args])
+    assert result.exit_code == 0, result.output
+    return seen["c"], seen["s"]
+
+
+def test_the_file_kube_proxy_writes_loads_with_every_meaningful_field(monkeypatch):
+    config, _ = agent_config(monkeypatch, "--config", str(WRITTEN))
+    assert config.scheduler is Scheduler.LC
+    assert config.strict_arp is True
+    assert config.cluster_cidrs == (ip_network("10.244.0.0/16"),)
+    assert config.detect_local_mode == "ClusterCIDR"
+    assert (config.sync_period, config.min_sync_period) == (30, 1)
+    assert config.healthz_bind_address == ("0.0.0.0", 10256)
+    assert config.metrics_bind_address == ("127.0.0.1", 10249)
+    assert (config.conntrack_max_per_core, config.conntrack_min) == (32768, 131072)
+    assert config.conntrack_tcp_timeout_established == 86400
+    assert config.conntrack_tcp_timeout_close_wait == 3600
+    assert config.masquerade_bit == 14
+
+
+def test_kubeadms_file_loads_its_zero_values_unset(monkeypatch):
+    loaded = kpconfig.load(KUBEADM)
+    assert loaded.ignored == ()
+    config, source = agent_config(monkeypatch, "--config", str(KUBEADM))
+    assert source.kubeconfig == Path("/var/lib/kube-proxy/kubeconfig.conf")
+    assert config.scheduler is Scheduler.RR  # "" -> the default
+    assert (config.sync_period, config.min_sync_period) == (30, 1)
+    assert config.masquerade_bit == 14  # null -> the default
+    assert config.conntrack_max_per_core == 32768
+    assert config.healthz_bind_address == ("0.0.0.0", 10256)
+
+
+def test_a_flag_on_the_command_line_wins_over_the_file(monkeypatch):
+    config, source = agent_config(
+        monkeypatch, "--config", str(WRITTEN), "--ipvs-scheduler", "sh",
+        "--sync-period", "1m", "--kubeconfig", "mine.conf",
+    )  # fmt: skip
+    assert config.scheduler is Scheduler.SH
+    assert config.sync_period == 60
+    assert config.strict_arp is True  # not on the command line: the file's
+    assert source.kubeconfig == Path("mine.conf")
+
+
+def test_the_environment_wins_over_the_file(monkeypatch, tmp_path):
+    path = tmp_path / "config.conf"
+    doc = yaml.safe_load(WRITTEN.read_text())
+    doc["hostnameOverride"] = "from-file"
+    path.write_text(json.dumps(doc))
+    config, _ = agent_config(monkeypatch, "--config", str(path))
+    assert config.node_name == "from-file"
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    from ipvsproxy import agent
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config))
+    assert CliRunner().invoke(main, ["run", "--config", str(path)]).exit_code == 0
+    assert seen["c"].node_name == "from-env"
+
+
+def test_a_kube_proxy_daemonsets_arguments_work_as_they_are(monkeypatch):
+    config, _ = agent_config(
+        monkeypatch,
+        "--proxy-mode=ipvs", "--v=2", "--hostname-override=node-a",
+        "--ipvs-scheduler=wrr", "--ipvs-strict-arp", "--ipvs-exclude-cidrs=10.0.0.0/8",
+        "--ipvs-sync-period=45s", "--ipvs-min-sync-period=2s", "--ipvs-tcp-timeout=15m0s",
+        "--ipvs-tcpfin-timeout=30s", "--ipvs-udp-timeout=5m", "--iptables-masquerade-bit=15",
+        "--masquerade-all", "--cluster-cidr=10.244.0.0/16",
+        "--conntrack-tcp-timeout-established=12h0m0s",
+    )  # fmt: skip
+    assert config.node_name == "node-a"
+    assert config.scheduler is Scheduler.WRR
+    assert config.strict_arp is True
+    assert config.exclude_cidrs == (ip_network("10.0.0.0/8"),)
+    assert (config.sync_period, config.min_sync_period) == (45, 2)
+    assert (config.tcp_timeout, config.tcp_fin_timeout, config.udp_timeout) == (900, 30, 300)
+    assert (config.masquerade_bit, config.masquerade_all) == (15, True)
+    assert config.conntrack_tcp_timeout_established == 43200
+
+
+def test_v_4_logs_at_debug_level(monkeypatch):
+    import logging
+
+    agent_config(monkeypatch, "--v=4")
+    assert logging.getLogger().level == logging.DEBUG
+    agent_config(monkeypatch, "--v=2")
+    assert logging.getLogger().level == logging.INFO
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"mode": "iptables"}, "mode: 'iptables': ipvsproxy is an IPVS proxy"),
+        ({"kind": "KubeletConfiguration"}, "expected kubeproxy.config.k8s.io/v1alpha1"),
+        ({"ipvs": {"schedular": "rr"}}, "ipvs.schedular: unknown field"),
+        ({"nodePortAdresses": []}, "nodePortAdresses: unknown field"),
+        ({"ipvs": {"strictARP": "yes"}}, "ipvs.strictARP: expected true or false"),
+        ({"conntrack": {"min": -1}}, "conntrack.min: expected a non-negative integer"),
+        ({"ipvs": {"scheduler": "fastest"}}, "'fastest' is not an IPVS scheduler"),
+        ({"ipvs": {"syncPeriod": "soon"}}, "'soon' is not a duration"),
+        ({"ipvs": []}, "ipvs: expected an object"),
+    ],
+)
+def test_a_bad_file_is_one_clear_error(tmp_path, change, message):
+    doc = yaml.safe_load(WRITTEN.read_text())
+    for key, value in change.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key].update(value)
+        else:
+            doc[key] = value
+    path = tmp_path / "config.conf"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["run", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_file_that_is_not_there_or_not_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="--config .*missing"):
+        kpconfig.load(tmp_path / "missing")
+    bad = tmp_path / "bad.conf"
+    bad.write_text("kind: [unclosed\n")
+    with pytest.raises(ConfigError, match="not YAML or JSON"):
+        kpconfig.load(bad)
+
+
+def test_fields_with_no_meaning_here_are_named_once(tmp_path, caplog):
+    doc = yaml.safe_load(WRITTEN.read_text())
+    doc["enableProfiling"] = True
+    doc["winkernel"]["enableDSR"] = True
+    doc["nftables"]["masqueradeAll"] = True
+    loaded = kpconfig.parse(doc)
+    assert loaded.ignored == ("enableProfiling", "nftables.masqueradeAll", "winkernel.enableDSR")
+
+
+def test_proxy_mode_other_than_ipvs_is_refused():
+    result = CliRunner().invoke(main, ["run", "--proxy-mode", "nftables"])
+    assert result.exit_code == 2
+    assert "--proxy-mode 'nftables': ipvsproxy is an IPVS proxy" in result.stderr
