@@ -411,6 +411,13 @@ def cleanup(config: Config, *, dry_run: bool) -> list[str]:
     return backends.cleanup(config, dry_run=dry_run)
 
 
+def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:
+    """Remove (or list) what kube-proxy's IPVS mode left (kpcleanup.py)."""
+    from ipvsproxy.kpcleanup import cleanup_kube_proxy as remove
+
+    return remove(config, dry_run=dry_run, ipvs=ipvs)
+
+
 def prepare_host(config: Config) -> list[str]:
     """Load the IPVS modules, set the kernel settings; what was done."""
     return backends.prepare_host(config)

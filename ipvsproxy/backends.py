@@ -346,12 +346,19 @@ def _iptables_cleanup(*, dry_run: bool) -> list[str]:
 
 
 def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
-    """ipvsproxy's virtual servers (the ownership rule, as for any sync), its VIPs and its
-    dummy device. NodePort virtual servers are recognised on this host's addresses."""
+    """ipvsproxy's companion rules and sets (first: they match IPVS VIPs), then its IPVS
+    table and dummy device (`ipvs_cleanup`)."""
+    return _companion_cleanup(dry_run=dry_run) + ipvs_cleanup(config, dry_run=dry_run)
+
+
+def ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
+    """The virtual servers the ownership rule gives the proxy of this node (as for any
+    sync), with `config.dummy_device` and its VIPs. NodePort virtual servers are recognised
+    on this host's addresses."""
     from ipvsproxy.netlink import NetlinkKernel
     from ipvsproxy.sync.render import describe
 
-    removed = _companion_cleanup(dry_run=dry_run)  # rules and sets matching IPVS VIPs first
+    removed: list[str] = []
     try:
         kernel = NetlinkKernel(device=config.dummy_device)
     except KernelUnavailable as exc:

@@ -620,20 +620,41 @@ def run_config(opts: dict[str, Any]) -> Config:
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
+@click.option(
+    "--kube-proxy",
+    "kube_proxy",
+    is_flag=True,
+    help="Remove what kube-proxy's IPVS mode left instead: its KUBE-* chains and jumps, "
+    "its ipsets; the IPVS table and kube-ipvs0 stay for ipvsproxy to take over in place.",
+)
+@click.option(
+    "--including-ipvs",
+    is_flag=True,
+    help="With --kube-proxy: also its virtual servers (the ownership rule) and kube-ipvs0.",
+)
 @node_options
 @errors_to_exit
-def cleanup(dry_run: bool, **opts: Any) -> None:
+def cleanup(dry_run: bool, kube_proxy: bool, including_ipvs: bool, **opts: Any) -> None:
     """Remove everything ipvsproxy owns, in both backends, and nothing else.
 
     IPVS: its virtual servers (the ownership rule: VIPs on the dummy device, --service-cidr,
     NodePorts on this host's addresses), the VIPs and the dummy device. iptables: its
-    chains (IPVSPX-*) and the jumps into them. Exit status: 0 done, 2 error.
+    chains (IPVSPX-*) and the jumps into them. With --kube-proxy: kube-proxy's leftovers
+    instead (see the README's migration guide). Exit status: 0 done, 2 error.
     """
-    removed = agent.cleanup(make_config(opts), dry_run=dry_run)
+    if including_ipvs and not kube_proxy:
+        raise ConfigError("--including-ipvs goes with --kube-proxy")
+    config = make_config(opts)
+    if kube_proxy:
+        removed = agent.cleanup_kube_proxy(config, dry_run=dry_run, ipvs=including_ipvs)
+        whose = "kube-proxy's"
+    else:
+        removed = agent.cleanup(config, dry_run=dry_run)
+        whose = "ipvsproxy's"
     verb = "would remove" if dry_run else "removed"
     for item in removed:
         click.echo(f"{verb}: {item}")
-    click.echo(f"{verb} {len(removed)} objects" if removed else "nothing of ipvsproxy's found")
+    click.echo(f"{verb} {len(removed)} objects" if removed else f"nothing of {whose} found")
 
 
 @main.command()
