@@ -281,10 +281,11 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
 
 
 def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
-    """This host's own addresses, read over rtnetlink (netlink/links.py), for the pipeline."""
-    from ipvsproxy.netlink.links import node_addresses
+    """This host's own addresses, read over rtnetlink (netlink/links.py), for the pipeline;
+    read again only after an address or link changed."""
+    from ipvsproxy.netlink.links import NodeAddresses
 
-    return lambda: node_addresses(config.dummy_device)
+    return NodeAddresses(config.dummy_device)
 
 
 def _serve(config: Config, metrics: Callable[[], bytes], health: Health) -> list[HttpServer]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from ipvsproxy.errors import AlreadyExists, KernelError, KernelUnavailable, NotFound, Unsupported
 from ipvsproxy.model import IPAddress
 from ipvsproxy.netlink.nlsocket import os_error
-from ipvsproxy.netlink.rtnl import RtnlSocket
+from ipvsproxy.netlink.rtnl import AddressEvents, RtnlSocket
 
 
 class DummyDevice:
@@ -30,9 +30,16 @@ class DummyDevice:
         self.name = name
         self._rtnl = RtnlSocket()  # answers for the namespace it is opened in
         self._index: int | None = None
+        try:  # before the first dump: a change after it is then seen
+            self._events: AddressEvents | None = AddressEvents()
+        except OSError:
+            self._events = None
+        self._bound: frozenset[IPAddress] | None = None  # the last dump's addresses
 
     def close(self) -> None:
         self._rtnl.close()
+        if self._events is not None:
+            self._events.close()
 
     def index(self, *, create: bool) -> int | None:
         """The device's index; created first when `create` and missing."""
@@ -54,12 +61,16 @@ class DummyDevice:
             raise _mapped(exc, f"look up {self.name}") from exc
 
     def addresses(self) -> frozenset[IPAddress]:
-        """Addresses bound to the device (none when it does not exist)."""
+        """Addresses bound to the device (none when it does not exist); dumped again only
+        when a link or address changed since the last dump (AddressEvents)."""
+        changed = self._events is None or self._events.changed()  # drained at every look
+        if self._bound is not None and not changed:
+            return self._bound
+        self._bound = None  # until this dump succeeds
         self._index = None  # the device may have been removed or re-created behind our back
         index = self.index(create=False)
-        if index is None:
-            return frozenset()
-        return self._rtnl.addresses(index)
+        self._bound = self._rtnl.addresses(index) if index is not None else frozenset()
+        return self._bound
 
     def change(self, changes: Sequence[tuple[IPAddress, bool]]) -> list[KernelError | None]:
         """Bind (True) or unbind (False) each address as a host address, in order, in one
@@ -125,6 +136,31 @@ def host_addresses() -> tuple[IPAddress, ...]:
         raise _mapped(exc, "list addresses") from exc
     finally:
         sock.close()
+
+
+class NodeAddresses:
+    """`node_addresses()` read again only after a link or address changed (AddressEvents):
+    what the pipeline calls at every full pass. Open it in the namespace to watch."""
+
+    def __init__(self, dummy_device: str) -> None:
+        self._dummy = dummy_device
+        try:
+            self._events: AddressEvents | None = AddressEvents()
+        except OSError:
+            self._events = None
+        self._last: tuple[IPAddress, ...] | None = None
+
+    def __call__(self) -> tuple[IPAddress, ...]:
+        changed = self._events is None or self._events.changed()  # drained at every look
+        if self._last is not None and not changed:
+            return self._last
+        self._last = None  # until this read succeeds
+        self._last = node_addresses(self._dummy)
+        return self._last
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
 
 
 def node_addresses(dummy_device: str) -> tuple[IPAddress, ...]:

@@ -251,7 +251,7 @@ class LinkKernel(ScriptedKernel):
 
 def device(kernel: LinkKernel) -> DummyDevice:
     dev = DummyDevice.__new__(DummyDevice)
-    dev.name, dev._index = "kube-ipvs0", None
+    dev.name, dev._index, dev._events, dev._bound = "kube-ipvs0", None, None, None
     dev._rtnl = rtnl_socket(kernel)
     return dev
 
