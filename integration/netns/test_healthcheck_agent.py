@@ -11,7 +11,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from integration.lab import inside
+from integration.netns.test_fallback_agent import eventually
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
 
@@ -47,15 +47,6 @@ def get(ns: str, host: str, port_: int, path: str = "/") -> tuple[int, dict[str,
     lines = head.decode().split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:])
     return int(lines[0].split()[1]), headers, json.loads(body)
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
 
 
 def lb(endpoint_node: str) -> list[dict[str, Any]]:
@@ -97,25 +88,25 @@ def test_health_check_node_ports_and_node_eligibility(netns: str, tmp_path: Path
 
             return check
 
-        eventually(answers(200), "the health-check node port answers 200")
+        eventually(answers(200), 30, "the health-check node port answers 200")
         _, headers, body = get(netns, NODE_IP, HC_PORT, "/healthz")
         assert headers["X-Load-Balancing-Endpoint-Weight"] == "1"
         assert body == {"service": {"namespace": "default", "name": "shop"},
                         "localEndpoints": 1, "serviceProxyHealthy": True}  # fmt: skip
 
         api.put(lb("node-b")[1])  # the only endpoint moves to another node
-        eventually(answers(503), "no local endpoint: 503")
+        eventually(answers(503), 30, "no local endpoint: 503")
         assert get(netns, NODE_IP, HC_PORT)[1]["X-Load-Balancing-Endpoint-Weight"] == "0"
 
         api.delete("Service", "default", "shop")
-        eventually(answers(0), "the port closes with its Service")
+        eventually(answers(0), 30, "the port closes with its Service")
 
         assert get(netns, "127.0.0.1", 10256, "/healthz")[0] == 200
         tainted = node("node-a", (NODE_IP,))
         tainted["spec"] = {"taints": [{"key": "ToBeDeletedByClusterAutoscaler",
                                        "effect": "NoSchedule"}]}  # fmt: skip
         api.put(tainted)
-        eventually(lambda: get(netns, "127.0.0.1", 10256, "/healthz")[0] == 503,
+        eventually(lambda: get(netns, "127.0.0.1", 10256, "/healthz")[0] == 503, 30,
                    "a Node tainted for deletion: /healthz 503")  # fmt: skip
         status, _, body = get(netns, "127.0.0.1", 10256, "/healthz")
         assert body["nodeEligible"] is False
