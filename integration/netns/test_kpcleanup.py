@@ -84,8 +84,10 @@ def layout(ns: str) -> None:
 
 
 def rules(ns: str) -> str:
-    return "".join(in_ns(ns, tool, "-t", t) for tool in ("iptables-save", "ip6tables-save")
+    """Both families' nat and filter rules, without the save's timestamp comments."""
+    text = "".join(in_ns(ns, tool, "-t", t) for tool in ("iptables-save", "ip6tables-save")
                    for t in ("nat", "filter"))  # fmt: skip
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
 
 
 def chains(ns: str) -> set[str]:
