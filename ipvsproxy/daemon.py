@@ -150,11 +150,11 @@ class SyncPass:
         )
         fell_back = self.pipeline.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
-        if result.companion_error:
-            log.error("companion rules: %s", result.companion_error)
         errors = {result.companion_error} | {str(f.error) for f in report.failures}
         for version in _restore_failures(errors - {""}):
             self._metrics.restore_failed(version)
+        if result.companion_error:
+            log.error("companion rules: %s", result.companion_error)
         else:
             # Health is kube-proxy's: the loop is alive and completes passes. A refused
             # operation is a metric, a log line and a retry, never the node's health.

@@ -309,3 +309,31 @@ def _eventually(check, timeout=5.0):
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_a_failed_companion_restore_is_counted_and_the_pass_does_not_count_as_healthy(
+    monkeypatch,
+):
+    """kube-proxy's iptables_restore_failures_total{ip_family} per failed restore run, and
+    no health update for a pass whose companion rules failed."""
+    import dataclasses
+
+    now = [1000.0]
+    agent = Agent()
+    agent.health = Health(timeout=60, clock=lambda: now[0])
+    agent.sync._health = agent.health
+    apply = agent.sync.pipeline.apply
+
+    def failing(planned):
+        result = apply(planned)
+        return dataclasses.replace(result, companion_error="ip6tables-restore failed: boom")
+
+    monkeypatch.setattr(agent.sync.pipeline, "apply", failing)
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    agent.health.queued()
+    agent.sync()
+    now[0] += 61
+    assert not agent.health.healthy()  # the pass did not complete the queued update
+    name = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+    assert sample(agent.metrics, name, ip_family="IPv6") == 1
+    assert sample(agent.metrics, name, ip_family="IPv4") == 0
