@@ -113,8 +113,11 @@ def test_auto_falls_back_loudly_serves_traffic_and_follows_changes(lab, tmp_path
 
         def serving() -> bool:
             assert proc.poll() is None, log.read_text()
+            synced = any(
+                json.loads(line)["msg"].startswith("sync:") for line in log.read_text().splitlines()
+            )
             try:
-                return bool(json.loads(http(health, "/healthz")).get("lastUpdated"))
+                return synced and bool(json.loads(http(health, "/healthz")).get("healthy"))
             except OSError:
                 return False
 
