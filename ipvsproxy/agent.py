@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,6 +206,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     from ipvsproxy.daemon import SyncPass
     from ipvsproxy.healthcheck import ServiceHealth
     from ipvsproxy.metrics import Metrics
+    from ipvsproxy.netlink.links import NodeAddresses
     from ipvsproxy.serve import Health
     from ipvsproxy.sync.runner import Runner
 
@@ -232,6 +233,8 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         metrics.use_backend(backend.name, others=BACKENDS)
         health.detail = backend.detail
         log.info("backend: %s (%s)", backend.name, backend.reason)
+        # read again only after rtnetlink announces a change (links.NodeAddresses)
+        host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
         sync_pass = SyncPass(
             kernel=backend.kernel,
             config=config,
@@ -239,7 +242,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             metrics=metrics,
             health=health,
             companion=companion,
-            node_addresses=_node_addresses(config),
+            node_addresses=host_addresses,
             service_health=service_health,
             node_required=isinstance(source, Cluster),
         )
@@ -281,11 +284,11 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
 
 
 def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
-    """This host's own addresses, read over rtnetlink (netlink/links.py), for the pipeline;
-    read again only after an address or link changed."""
-    from ipvsproxy.netlink.links import NodeAddresses
+    """This host's own addresses, read over rtnetlink (netlink/links.py), for a pipeline
+    that reads them once (diff, run --once)."""
+    from ipvsproxy.netlink.links import node_addresses
 
-    return NodeAddresses(config.dummy_device)
+    return lambda: node_addresses(config.dummy_device)
 
 
 def _serve(config: Config, metrics: Callable[[], bytes], health: Health) -> list[HttpServer]:
