@@ -1,8 +1,9 @@
 """The Kubernetes API source: list, then watch, Services, EndpointSlices and this node's Node.
 
-Owns: `connect()` (kubeconfig / in-cluster / default location → an API client) and `Watcher`
-(one resource's list-then-watch loop feeding a `Tracker`). The only importer of the
-`kubernetes` client: its objects never leave this module; the tracker gets raw JSON dicts.
+Owns: `connect()` (kubeconfig / in-cluster / default location → an API client, from
+`ipvsproxy.kubeclient`) and `Watcher` (one resource's list-then-watch loop feeding a
+`Tracker`). With `ipvsproxy.kubeclient` the only user of the `kubernetes` client: its objects
+never leave these two modules; the tracker gets raw JSON dicts.
 
 The watch loop is three small layers (after kopf's watching.py):
 - `Watcher.run()` never returns until stopped: it runs `step()` after `step()`, retrying a
@@ -21,7 +22,7 @@ Why the client's `watch.Watch` is not used: it builds client model objects for e
 from the same resourceVersion. The client still does configuration, authentication, TLS and
 the HTTP requests; this module reads the line-delimited JSON of the stream itself.
 
-Imports: kubernetes, tenacity, urllib3, api, sync.tracker, errors.
+Imports: kubeconfig (the kubernetes client), tenacity, urllib3, api, sync.tracker, errors.
 """
 
 from __future__ import annotations
@@ -37,14 +38,9 @@ from typing import Any
 
 import tenacity
 import urllib3
-import yaml
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.watch.watch import iter_resp_lines
 
-from ipvsproxy.errors import ConfigError, WatchError
+from ipvsproxy.errors import WatchError
+from ipvsproxy.kubeclient import ApiException, client, iter_resp_lines
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Parsed, parse
 
 log = logging.getLogger(__name__)
@@ -55,29 +51,9 @@ PAGE = 500  # items per list page, as client-go's reflector
 def connect(*, kubeconfig: Path | None, context: str | None) -> Any:
     """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig.
 
-    The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
-    with backoff itself, and a hidden retry would only delay seeing a failure.
+    The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    configuration = k8s.Configuration()
-    try:
-        if kubeconfig is not None:
-            if not kubeconfig.is_file():
-                raise ConfigError(f"--kubeconfig {kubeconfig}: no such file")
-            k8s_config.load_kube_config(
-                config_file=str(kubeconfig), context=context, client_configuration=configuration
-            )
-        else:
-            try:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-            except ConfigException:
-                k8s_config.load_kube_config(context=context, client_configuration=configuration)
-    except (ConfigException, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
-        where = kubeconfig or "in-cluster config, or the default kubeconfig ~/.kube/config"
-        raise ConfigError(
-            f"cannot load the Kubernetes client configuration ({where}): {exc}"
-        ) from exc
-    configuration.retries = 0
-    return k8s.ApiClient(configuration)
+    return client(kubeconfig=kubeconfig, context=context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +76,8 @@ class Transient(Exception):
 # The generated CoreV1Api and DiscoveryV1Api classes are not used: importing CoreV1Api alone
 # costs 1.8 s natively (413 pydantic-validated methods, schemas built on first call), about
 # 80 s under the test VM's emulation, on every agent start, for two GET paths. The requests
-# are the ones those methods make, through the same ApiClient (configuration, bearer token,
-# TLS, connection pool) and its public param_serialize/call_api, as the generated code does.
+# are the ones those methods make (kubeclient.Client: the generated client's HTTP layer with
+# the Configuration's authentication, as ApiClient's param_serialize/call_api send them).
 _PATHS = {
     SERVICE: "/api/v1/services",
     SLICE: "/apis/discovery.k8s.io/v1/endpointslices",
@@ -124,14 +100,7 @@ def _lister(api: Any, kind: str, node_name: str) -> Callable[..., Any]:
 
     def get(*, _request_timeout: Any = None, **params: Any) -> Any:
         query = [(_QUERY[k], v) for k, v in {**fixed, **params}.items() if v is not None]
-        request = api.param_serialize(
-            method="GET",
-            resource_path=_PATHS[kind],
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(*request, _request_timeout=_request_timeout)
+        response = api.get(_PATHS[kind], query, timeout=_request_timeout)
         if not 200 <= response.status <= 299:
             response.read()
             raise ApiException.from_response(http_resp=response, body=None, data=None)
