@@ -349,7 +349,7 @@ class Pipeline:
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
         failed = {failure.op for failure in result.report.failures}
-        applied = [op for op in ipvs.plan if op not in failed]
+        applied = [op for op in ipvs.plan if op not in failed] if failed else list(ipvs.plan)
         self.table.advance(applied)
         self._known -= {op.key for op in applied if isinstance(op, DeleteService)}
         refused = self.refusals.record(result.report.failures, planned.names)

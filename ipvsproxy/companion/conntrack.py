@@ -80,7 +80,7 @@ def udp_gone(
     first usable destination (all of its flows must go: `udp_first_endpoint()`)."""
     gone: list[tuple[VSKey, RSKey | None]] = []
     for op in ops:
-        if op in failed:
+        if failed and op in failed:  # hashing every operation costs (a cold sync has 10k+)
             continue
         if isinstance(op, DeleteDest) and op.service.proto is Proto.UDP:
             gone.append((op.service, op.key))
@@ -95,13 +95,13 @@ def udp_first_endpoint(ops: Iterable[Op], before: IpvsState, failed: Container[O
     """UDP virtual servers that had no usable destination in `before` (none, or only
     weight-0 ones, which IPVS never schedules) and got one from an operation that was not
     refused: a new destination, or a draining one given weight again. In plan order, once."""
-    revived: list[VSKey] = []
+    revived: dict[VSKey, None] = {}  # ordered, and O(1) to ask
     for op in ops:
-        if not isinstance(op, AddDest | UpdateDest) or op in failed:
+        if not isinstance(op, AddDest | UpdateDest) or (failed and op in failed):
             continue
         key = op.service
         if key.proto is not Proto.UDP or op.rs.weight <= 0 or key in revived:
             continue
         if not any(rs.weight > 0 for rs in before.dests.get(key, {}).values()):
-            revived.append(key)
-    return revived
+            revived[key] = None
+    return list(revived)

@@ -29,7 +29,6 @@ import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from ipaddress import ip_address
 
 from ipvsproxy.companion.ipset import PROTOCOL_NUMBERS, SetCommand
 from ipvsproxy.companion.nlread import (
@@ -120,8 +119,15 @@ def _name(name: str) -> bytes:
 def _address(kind: int, text: str) -> tuple[bytes, int | None]:
     """An IPSET_ATTR_IP(2) nest, and the prefix length written after a `/`, if any."""
     address, slash, prefix = text.partition("/")
-    ip = ip_address(address)
-    inner = _net(IPADDR_IPV4 if ip.version == 4 else IPADDR_IPV6, ip.packed)
+    # inet_pton: the C parser (ip_address() was half of a cold sync's set writing in the
+    # VM); the entries are ipvsproxy's own, printed from parsed addresses
+    try:
+        if ":" in address:
+            inner = _net(IPADDR_IPV6, socket.inet_pton(socket.AF_INET6, address))
+        else:
+            inner = _net(IPADDR_IPV4, socket.inet_pton(socket.AF_INET, address))
+    except OSError as exc:
+        raise ValueError(f"not an IP address: {address!r}") from exc
     return _nest(kind, inner), int(prefix) if slash else None
 
 
