@@ -4,6 +4,13 @@ Owns: `Metrics`, one registry per agent (no process-global registry), and what e
 watch restart and backend choice records. Exposed by `ipvsproxy.serve` on
 `--metrics-bind-address` (default 127.0.0.1:10249, as kube-proxy).
 
+kube-proxy v1.36 (pkg/proxy/metrics/metrics.go, RegisterMetrics for the IPVS mode): every
+core metric with its name, labels, help text and buckets (tests/test_metrics.py holds the
+table). Beyond its IPVS mode, the full/partial sync histograms of its iptables and nftables
+modes (ipvsproxy has both kinds of pass). Not exported: conntrack_reconciler_* (ipvsproxy
+deletes stale UDP flows within the pass, it has no reconciler) and the iptables mode's
+rule counts and nfacct counters.
+
 Imports: prometheus_client, kernel, model.
 """
 
@@ -93,8 +100,7 @@ class Metrics:
         )
         self.restore_failures = Counter(
             "kubeproxy_sync_proxy_rules_iptables_restore_failures",
-            "Cumulative proxy iptables restore failures (the companion rules and the "
-            "iptables fallback)",
+            "Cumulative proxy iptables restore failures",
             family,
             registry=r,
         )
@@ -138,8 +144,7 @@ class Metrics:
         )  # fmt: skip
         self.no_local_endpoints = Gauge(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            "Services with a Local traffic policy and no endpoint on this node (their "
-            "frontends use the cluster's endpoints instead), by policy and IP family",
+            "Number of services with a Local traffic policy and no endpoints",
             ["traffic_policy", "ip_family"],
             registry=r,
         )
@@ -174,12 +179,24 @@ class Metrics:
             self.last_queued.labels(family).set(self._clock())
 
     def health_answered(self, path: str, code: int) -> None:
-        (self.healthz if path == "/healthz" else self.livez).labels(str(code)).inc()
+        """One answer of the health server (`/healthz`, else `/livez`)."""
+        (self.healthz_answered if path == "/healthz" else self.livez_answered)(code)
+
+    def healthz_answered(self, code: int) -> None:
+        """kube-proxy's kubeproxy_proxy_healthz_total{code}: one /healthz answer."""
+        self.healthz.labels(str(code)).inc()
+
+    def livez_answered(self, code: int) -> None:
+        """kube-proxy's kubeproxy_proxy_livez_total{code}: one /livez answer."""
+        self.livez.labels(str(code)).inc()
 
     def bind_failed(self) -> None:
         self.bind_errors.inc()
 
-    def restore_failed(self, version: int) -> None:
+    def restore_failed(self, version: int = 4) -> None:
+        """One failed `iptables-restore` (`ip6tables-restore`: version 6) run, the
+        companion's or the fallback's, however many rules it carried (kube-proxy's
+        IPTablesRestoreFailuresTotal)."""
         self.restore_failures.labels(FAMILIES.get(version, "IPv4")).inc()
 
     def changed(self, kind: str) -> None:

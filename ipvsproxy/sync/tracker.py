@@ -120,7 +120,10 @@ class Tracker:
         self._dirty: set[Ref] = set()
         self._everything = True  # the first take hands over everything
         self._triggers: list[str] = []
-        self._pending: dict[str, int] = {}  # changes by kind since the last take
+        # kube-proxy's *_changes_pending: the Services changed and the slice (and node)
+        # changes counted since the last take
+        self._pending_services: set[Ref] = set()
+        self._pending: dict[str, int] = {}
 
     # ---- feeding (watcher threads) ----------------------------------------------------------
 
@@ -137,8 +140,6 @@ class Tracker:
                 changed = self._store(kind, Parsed(key, None)) or changed
             for item in fresh.values():
                 changed = self._store(kind, item, event=True) or changed
-            if changed:
-                self._pending[kind] = self._pending.get(kind, 0) + 1
         if changed:
             self._on_change(kind)
 
@@ -149,8 +150,6 @@ class Tracker:
         item = Parsed(_key(obj), None) if event_type == "DELETED" else parse(kind, obj)
         with self._lock:
             changed = self._store(kind, item, event=True)
-            if changed:
-                self._pending[kind] = self._pending.get(kind, 0) + 1
         if changed:
             self._on_change(kind)
 
@@ -180,7 +179,17 @@ class Tracker:
                 self._triggers.append(item.trigger)
         elif kind == NODE:
             changed = self._store_node(key[1], view) or changed  # type: ignore[arg-type]
+        if changed:
+            self._count_pending(kind, key)
         return changed
+
+    def _count_pending(self, kind: str, key: Ref) -> None:
+        """As kube-proxy counts: Services by name (ServiceChangeTracker's len(items)), slice
+        changes one by one (EndpointChangesPending.Inc() per change)."""
+        if kind == SERVICE:
+            self._pending_services.add(key)
+        else:
+            self._pending[kind] = self._pending.get(kind, 0) + 1
 
     def _store_slice(self, key: Ref, view: EndpointSliceView | None) -> bool:
         old = self._slices.get(key)
@@ -248,7 +257,7 @@ class Tracker:
             }
             triggers, self._triggers = tuple(self._triggers), []
             self._dirty, self._everything = set(), False
-            self._pending = {}
+            self._pending, self._pending_services = {}, set()
             return Changes(
                 services=services,
                 slices=slices,
@@ -259,10 +268,15 @@ class Tracker:
             )
 
     def pending(self) -> dict[str, int]:
-        """Changes by kind (`Service`, `EndpointSlice`, `Node`) that no sync has taken yet
-        (kube-proxy's *_changes_pending)."""
+        """Changes no sync has taken yet, as kube-proxy's *_changes_pending count them:
+        `Service`: Services changed; `EndpointSlice` (and `Node`): changes. O(1), read at
+        every scrape."""
         with self._lock:
-            return dict(self._pending)
+            return {
+                SERVICE: len(self._pending_services),
+                SLICE: self._pending.get(SLICE, 0),
+                **({NODE: self._pending[NODE]} if NODE in self._pending else {}),
+            }
 
     def views(self, kind: str) -> tuple[View, ...]:
         """Every current view of one kind (tests, tools)."""

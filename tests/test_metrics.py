@@ -1,0 +1,277 @@
+"""Metrics as kube-proxy v1.36 exports them (pkg/proxy/metrics/metrics.go): names, types,
+labels, help texts and buckets, the pending gauges read from the tracker, and a sync
+duration that covers the whole pass, companion rules included."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.config import Config
+from ipvsproxy.daemon import SyncPass
+from ipvsproxy.kernel import ApplyReport
+from ipvsproxy.metrics import Metrics
+from ipvsproxy.serve import Health
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
+from ipvsproxy.testing import FakeKernel
+from tests.companion.test_scale import FakeHost
+from tests.factories import ep, node, service, slice_
+
+
+def linear(start: float, width: float, count: int) -> list[float]:
+    """client_golang's LinearBuckets."""
+    return [start + width * i for i in range(count)]
+
+
+def exponential(start: float, factor: float, count: int) -> list[float]:
+    """client_golang's ExponentialBuckets: each bucket the previous one times `factor`."""
+    out = [start]
+    while len(out) < count:
+        out.append(out[-1] * factor)
+    return out
+
+
+SYNC_BUCKETS = exponential(0.001, 2, 15)
+# metrics.MergeBuckets starts with a bucket at 0
+PROGRAMMING_BUCKETS = [
+    0.0,
+    *linear(0.25, 0.25, 2),
+    *linear(1, 1, 59),
+    *linear(60, 5, 12),
+    *linear(120, 30, 7),
+]
+
+# kube-proxy's metrics as v1.36 registers them for the IPVS mode (plus the full/partial
+# histograms of its iptables and nftables modes): name -> (type, labels, help, buckets)
+KUBE_PROXY = {
+    "kubeproxy_sync_proxy_rules_duration_seconds": (
+        "histogram", {"ip_family"}, "SyncProxyRules latency in seconds", SYNC_BUCKETS
+    ),
+    "kubeproxy_sync_full_proxy_rules_duration_seconds": (
+        "histogram",
+        {"ip_family"},
+        "SyncProxyRules latency in seconds for full resyncs",
+        SYNC_BUCKETS,
+    ),
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds": (
+        "histogram",
+        {"ip_family"},
+        "SyncProxyRules latency in seconds for partial resyncs",
+        SYNC_BUCKETS,
+    ),
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds": (
+        "gauge", {"ip_family"}, "The last time proxy rules were successfully synced", None
+    ),
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds": (
+        "gauge", {"ip_family"}, "The last time a sync of proxy rules was queued", None
+    ),
+    "kubeproxy_network_programming_duration_seconds": (
+        "histogram",
+        {"ip_family"},
+        "In Cluster Network Programming Latency in seconds",
+        PROGRAMMING_BUCKETS,
+    ),
+    "kubeproxy_sync_proxy_rules_endpoint_changes_pending": (
+        "gauge", set(), "Pending proxy rules Endpoint changes", None
+    ),
+    "kubeproxy_sync_proxy_rules_endpoint_changes": (
+        "counter", set(), "Cumulative proxy rules Endpoint changes", None
+    ),
+    "kubeproxy_sync_proxy_rules_service_changes_pending": (
+        "gauge", set(), "Pending proxy rules Service changes", None
+    ),
+    "kubeproxy_sync_proxy_rules_service_changes": (
+        "counter", set(), "Cumulative proxy rules Service changes", None
+    ),
+    "kubeproxy_sync_proxy_rules_iptables_restore_failures": (
+        "counter", {"ip_family"}, "Cumulative proxy iptables restore failures", None
+    ),
+    "kubeproxy_proxy_healthz": ("counter", {"code"}, "Cumulative proxy healthz HTTP status", None),
+    "kubeproxy_proxy_livez": ("counter", {"code"}, "Cumulative proxy livez HTTP status", None),
+    "kubeproxy_sync_proxy_rules_no_local_endpoints_total": (
+        "gauge",
+        {"traffic_policy", "ip_family"},
+        "Number of services with a Local traffic policy and no endpoints",
+        None,
+    ),
+}  # fmt: skip
+
+
+def every_metric_recorded() -> Metrics:
+    """A registry in which every metric has at least one sample."""
+    metrics = Metrics(clock=lambda: 1_700_000_000.0)
+    metrics.families((4, 6))
+    metrics.queued()
+    metrics.changed(SERVICE)
+    metrics.changed(SLICE)
+    metrics.pending(lambda: {SERVICE: 2, SLICE: 5})
+    metrics.synced(
+        seconds=0.5,
+        plan=(),
+        report=ApplyReport(),
+        virtual_servers=1,
+        real_servers=2,
+        draining=0,
+        triggers=("2023-11-14T22:13:19Z",),
+    )
+    metrics.no_local({("internal", 4): 1})
+    metrics.restore_failed(6)
+    metrics.healthz_answered(200)
+    metrics.livez_answered(503)
+    metrics.use_backend("ipvs", others=("iptables",))
+    metrics.watch_restarts.labels(SERVICE, "410").inc()
+    metrics.bind_failed()
+    metrics.sync_error()
+    return metrics
+
+
+def families(metrics: Metrics):
+    text = metrics.render().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}, text
+
+
+@pytest.mark.parametrize("name", sorted(KUBE_PROXY))
+def test_kube_proxys_metrics_have_its_type_labels_help_and_buckets(name):
+    kind, labels, help_text, buckets = KUBE_PROXY[name]
+    exported, _ = families(every_metric_recorded())
+    family = exported[name]
+    assert family.type == kind
+    assert family.documentation == help_text
+    assert family.samples, name
+    for sample in family.samples:
+        assert set(sample.labels) - {"le"} == labels, sample
+    if buckets is not None:
+        bounds = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
+        per_series = bounds[: len(buckets) + 1]
+        assert [float(b) for b in per_series] == [*buckets, float("inf")]
+
+
+def test_bucket_bounds_are_written_as_kube_proxy_writes_them():
+    """The same `le` text as client_golang's output, so recording rules and dashboards
+    written for kube-proxy select the same buckets."""
+    _, text = families(every_metric_recorded())
+    sync = "kubeproxy_sync_proxy_rules_duration_seconds_bucket"
+    assert f'{sync}{{ip_family="IPv4",le="0.001"}}' in text
+    assert f'{sync}{{ip_family="IPv4",le="16.384"}}' in text
+    programming = "kubeproxy_network_programming_duration_seconds_bucket"
+    for le in ("0.0", "0.25", "59.0", "115.0", "300.0", "+Inf"):
+        assert f'{programming}{{ip_family="IPv6",le="{le}"}}' in text
+
+
+def test_counters_render_with_total_and_ipvsproxys_own_metrics_stay():
+    _, text = families(every_metric_recorded())
+    for line in (
+        "kubeproxy_sync_proxy_rules_service_changes_total 1.0",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total 1.0",
+        "kubeproxy_sync_proxy_rules_service_changes_pending 2.0",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending 5.0",
+        'kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv6"} 1.0',
+        'kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} 0.0',
+        'kubeproxy_proxy_healthz_total{code="200"} 1.0',
+        'kubeproxy_proxy_livez_total{code="503"} 1.0',
+        'ipvsproxy_syncs_total{result="error"} 1.0',
+        'ipvsproxy_backend{backend="ipvs"} 1.0',
+        "ipvsproxy_health_check_node_port_bind_errors_total 1.0",
+        'ipvsproxy_watch_restarts_total{reason="410",resource="Service"} 1.0',
+    ):
+        assert line in text.splitlines(), line
+    for name in ("virtual_servers", "real_servers", "draining_real_servers"):
+        assert f"\nipvsproxy_{name} " in text
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+def test_restore_failures_are_counted_per_family_ipv4_by_default():
+    metrics = Metrics()
+    metrics.families((4, 6))
+    metrics.restore_failed()
+    metrics.restore_failed(6)
+    metrics.restore_failed(6)
+    name = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+    assert sample(metrics, name, ip_family="IPv4") == 1
+    assert sample(metrics, name, ip_family="IPv6") == 2
+
+
+def test_health_answers_are_counted_by_path_and_code():
+    metrics = Metrics()
+    metrics.health_answered("/healthz", 503)
+    metrics.health_answered("/livez", 200)
+    metrics.healthz_answered(200)
+    assert sample(metrics, "kubeproxy_proxy_healthz_total", code="503") == 1
+    assert sample(metrics, "kubeproxy_proxy_healthz_total", code="200") == 1
+    assert sample(metrics, "kubeproxy_proxy_livez_total", code="200") == 1
+    assert sample(metrics, "kubeproxy_proxy_livez_total", code="503") == 0
+
+
+SERVICES_PENDING = "kubeproxy_sync_proxy_rules_service_changes_pending"
+SLICES_PENDING = "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
+
+
+def test_pending_counts_services_by_name_and_slice_changes_one_by_one():
+    """kube-proxy's ServiceChangeTracker holds one change per Service (len(items)); its
+    EndpointsChangeTracker adds one per slice change. An empty list changes nothing."""
+    metrics = Metrics()
+    tracker = Tracker(node_name="node-a")
+    metrics.pending(tracker.pending)
+    tracker.replace(SLICE, [])
+    tracker.replace(SERVICE, [service("web"), service("db")])
+    assert (sample(metrics, SERVICES_PENDING), sample(metrics, SLICES_PENDING)) == (2, 0)
+    tracker.event(SERVICE, "MODIFIED", service("web", cluster_ips=("10.96.0.99",)))
+    tracker.event(SERVICE, "MODIFIED", service("web", cluster_ips=("10.96.0.98",)))
+    tracker.event(SLICE, "ADDED", slice_())
+    tracker.event(SLICE, "MODIFIED", slice_(endpoints=[ep("10.244.0.9")]))
+    tracker.event(SLICE, "MODIFIED", slice_(endpoints=[ep("10.244.0.9")]))  # no change
+    assert (sample(metrics, SERVICES_PENDING), sample(metrics, SLICES_PENDING)) == (2, 2)
+    tracker.take()
+    assert (sample(metrics, SERVICES_PENDING), sample(metrics, SLICES_PENDING)) == (0, 0)
+    tracker.event(SERVICE, "DELETED", service("db"))
+    tracker.replace(NODE, [node()])
+    assert tracker.pending() == {SERVICE: 1, SLICE: 0, NODE: 1}
+
+
+class SlowHost(FakeHost):
+    """The companion's tools, each run taking `seconds` on the pass's clock (the 73.7 s
+    iptables-restore of issue 16 item 5)."""
+
+    def __init__(self, clock: list[float], seconds: float) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def run(self, args, *, stdin=None):
+        self.clock[0] += self.seconds
+        return super().run(args, stdin=stdin)
+
+
+def test_the_sync_duration_covers_the_companion_rules():
+    """kube-proxy observes sync_proxy_rules_duration_seconds over the whole syncProxyRules,
+    iptables-restore included: a pass whose companion tools take 70 s is a 70 s sync."""
+    now = [1000.0]
+    host = SlowHost(now, seconds=7.0)
+    tracker = Tracker(node_name="node-a")
+    metrics = Metrics()
+    sync = SyncPass(
+        kernel=FakeKernel(),
+        config=Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0),
+        tracker=tracker,
+        metrics=metrics,
+        health=Health(timeout=60),
+        companion=Companion(commands=host, versions=(4,)),  # type: ignore[arg-type]
+        clock=lambda: now[0],
+    )
+    tracker.replace(NODE, [node()])
+    tracker.replace(SERVICE, [service("web")])
+    tracker.replace(SLICE, [slice_(endpoints=[ep("10.244.0.1")])])
+    sync()
+    assert any(args[0] == "iptables-restore" for args in host.ran)
+    took = 7.0 * len(host.ran)
+    name = "kubeproxy_sync_proxy_rules_duration_seconds"
+    assert sample(metrics, name + "_count", ip_family="IPv4") == 1
+    assert sample(metrics, name + "_sum", ip_family="IPv4") == pytest.approx(took)
+    assert took > 16.384
+    below = {"ip_family": "IPv4", "le": "16.384"}
+    assert metrics.registry.get_sample_value(name + "_bucket", below) == 0.0
+    full = "kubeproxy_sync_full_proxy_rules_duration_seconds_sum"
+    assert sample(metrics, full, ip_family="IPv4") == pytest.approx(took)
