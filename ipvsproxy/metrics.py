@@ -221,11 +221,13 @@ class Metrics:
         draining: int,
         triggers: Iterable[str] = (),
         full: bool = True,
+        restored: bool = True,
     ) -> None:
-        """Record one completed sync pass (its whole duration, companion rules included)."""
-        for family in self._families:
-            self.sync_duration.labels(family).observe(seconds)
-            (self.full_duration if full else self.partial_duration).labels(family).observe(seconds)
+        """Record one completed sync pass (its whole duration, companion rules included).
+        `restored=False`: its companion rules (or the fallback's) were not written; as
+        kube-proxy's syncProxyRules returning after a failed iptables-restore, the pass
+        then sets no last-sync time and observes no programming latency."""
+        self._observe(seconds, full=full)
         attempted = Tally(type(op).__name__ for op in plan)
         failed = Tally(type(f.op).__name__ for f in report.failures)
         for kind, count in attempted.items():
@@ -233,12 +235,14 @@ class Metrics:
                 self.operations.labels(kind, "ok").inc(count - failed[kind])
             if failed[kind]:
                 self.operations.labels(kind, "error").inc(failed[kind])
-        self.syncs.labels("ok" if report.ok else "failed").inc()
+        self.syncs.labels("ok" if report.ok and restored else "failed").inc()
         self.virtual_servers.set(virtual_servers)
         self.real_servers.set(real_servers)
         self.draining.set(draining)
+        if not restored:
+            return
         now = self._clock()
-        for family in self._families:  # a completed pass, as kube-proxy's (failures too)
+        for family in self._families:  # refused IPVS operations too, as kube-proxy's
             self.last_sync.labels(family).set(now)
         if report.ok:
             for trigger in triggers:
@@ -253,8 +257,20 @@ class Metrics:
             for version, family in ((4, "IPv4"), (6, "IPv6")):
                 self.no_local_endpoints.labels(policy, family).set(counts.get((policy, version), 0))
 
-    def sync_error(self) -> None:
+    def sync_error(self, *, seconds: float | None = None, full: bool | None = None) -> None:
+        """A pass that did not complete; given `seconds`, its duration is observed too
+        (kube-proxy observes every syncProxyRules, however it returns)."""
         self.syncs.labels("error").inc()
+        if seconds is not None:
+            self._observe(seconds, full=full)
+
+    def _observe(self, seconds: float, *, full: bool | None) -> None:
+        """The sync duration histograms (full or partial: None is neither)."""
+        for family in self._families:
+            self.sync_duration.labels(family).observe(seconds)
+            if full is not None:
+                kind = self.full_duration if full else self.partial_duration
+                kind.labels(family).observe(seconds)
 
 
 def _timestamp(text: str) -> float | None:

@@ -275,3 +275,41 @@ def test_the_sync_duration_covers_the_companion_rules():
     assert metrics.registry.get_sample_value(name + "_bucket", below) == 0.0
     full = "kubeproxy_sync_full_proxy_rules_duration_seconds_sum"
     assert sample(metrics, full, ip_family="IPv4") == pytest.approx(took)
+
+
+def test_a_pass_whose_rules_were_not_restored_sets_no_sync_time_and_no_latency():
+    """kube-proxy's syncProxyRules returns after a failed iptables-restore: its duration
+    is observed, the last-sync time and the programming latency are not."""
+    now = [1_700_000_100.0]
+    metrics = Metrics(clock=lambda: now[0])
+    pass_ = {
+        "plan": (),
+        "report": ApplyReport(),
+        "virtual_servers": 0,
+        "real_servers": 0,
+        "draining": 0,
+        "triggers": ("2023-11-14T22:13:19Z",),
+    }
+    metrics.synced(seconds=2.0, restored=False, **pass_)  # type: ignore[arg-type]
+    last = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+    latency = "kubeproxy_network_programming_duration_seconds_count"
+    assert sample(metrics, last, ip_family="IPv4") == 0
+    assert sample(metrics, latency, ip_family="IPv4") == 0
+    assert sample(metrics, "kubeproxy_sync_proxy_rules_duration_seconds_sum", ip_family="IPv4") == 2
+    assert sample(metrics, "ipvsproxy_syncs_total", result="failed") == 1
+    metrics.synced(seconds=1.0, **pass_)  # type: ignore[arg-type]
+    assert sample(metrics, last, ip_family="IPv4") == now[0]
+    assert sample(metrics, latency, ip_family="IPv4") == 1
+    assert sample(metrics, "ipvsproxy_syncs_total", result="ok") == 1
+
+
+def test_a_pass_that_did_not_complete_is_still_timed():
+    metrics = Metrics()
+    metrics.sync_error()  # as daemon.py calls it today: counted only
+    metrics.sync_error(seconds=3.0, full=False)
+    name = "kubeproxy_sync_proxy_rules_duration_seconds"
+    assert sample(metrics, name + "_count", ip_family="IPv4") == 1
+    assert sample(metrics, name + "_sum", ip_family="IPv4") == 3
+    partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+    assert sample(metrics, partial, ip_family="IPv4") == 1
+    assert sample(metrics, "ipvsproxy_syncs_total", result="error") == 2
