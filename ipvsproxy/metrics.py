@@ -21,7 +21,14 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from ipvsproxy.kernel import ApplyReport, Plan
 
@@ -34,6 +41,9 @@ FAMILIES = {4: "IPv4", 6: "IPv6"}
 
 class Metrics:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        # client_golang (kube-proxy) writes no `*_created` series; prometheus_client would
+        # add one per counter and histogram child (a process-wide switch, idempotent)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self._clock = clock
         r = self.registry

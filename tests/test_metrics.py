@@ -4,6 +4,11 @@ duration that covers the whole pass, companion rules included."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -313,3 +318,109 @@ def test_a_pass_that_did_not_complete_is_still_timed():
     partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
     assert sample(metrics, partial, ip_family="IPv4") == 1
     assert sample(metrics, "ipvsproxy_syncs_total", result="error") == 2
+
+
+# ---- deploy/grafana-dashboard.json ---------------------------------------------------------
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json"
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+                "or", "unless", "offset", "inf", "nan"}  # fmt: skip
+
+
+def rendered_names() -> set[str]:
+    """Every series name an agent's /metrics can hold, read from the rendered registry's
+    `# TYPE` lines (labelled metrics appear there before their first sample)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    names = set()
+    for line in Metrics().render().decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            name = name.removesuffix("_total") if kind == "counter" else name
+            names |= {name + suffix for suffix in suffixes.get(kind, ("",))}
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers once strings, label
+    matchers, ranges and `by (...)` lists are removed, other than functions and keywords."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    expr = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    found = re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)\s*(\(?)", expr)
+    return {m[1] for m in found if not m[2] and m[1].lower() not in PROMQL_WORDS}
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def test_promql_metric_names_are_parsed_out_of_expressions():
+    expr = (
+        'histogram_quantile(0.99, sum by (le, ip_family) (rate(a_bucket{job=~"$job", '
+        'x="by (y)"}[5m]))) - on(instance) group_left max without (le) (b) > bool 0 or c:d'
+    )
+    assert metric_names(expr) == {"a_bucket", "b", "c:d"}
+    assert metric_names("time() - max by (instance) (up)") == {"up"}
+
+
+def test_the_dashboard_queries_only_metrics_the_agent_exports():
+    """The dashboard cannot drift from metrics.py: every metric name in every panel's
+    PromQL is one a rendered registry holds."""
+    exported = rendered_names()
+    for panel in dashboard()["panels"]:
+        for target in panel["targets"]:
+            used = metric_names(target["expr"])
+            assert used, target["expr"]
+            assert used <= exported, (panel["title"], used - exported)
+
+
+def test_the_dashboard_shows_what_an_operator_watches():
+    used = {n for p in dashboard()["panels"] for t in p["targets"] for n in metric_names(t["expr"])}
+    wanted = {
+        "ipvsproxy_syncs_total",
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket",
+        "kubeproxy_network_programming_duration_seconds_bucket",
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        "ipvsproxy_virtual_servers",
+        "ipvsproxy_real_servers",
+        "ipvsproxy_draining_real_servers",
+        "ipvsproxy_kernel_operations_total",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        "ipvsproxy_watch_restarts_total",
+        "ipvsproxy_backend",
+        "kubeproxy_proxy_healthz_total",
+        "kubeproxy_proxy_livez_total",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+    }
+    assert wanted <= used, wanted - used
+
+
+def test_the_dashboard_is_grafana_10_on_a_prometheus_data_source_variable():
+    board = dashboard()
+    assert 37 <= board["schemaVersion"] <= 39  # Grafana 10.0 to 10.4
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == (
+        "datasource",
+        "prometheus",
+    )
+    source = {"type": "prometheus", "uid": "${datasource}"}
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        assert panel["datasource"] == source, panel["title"]
+        assert panel["description"], panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        assert all(t["datasource"] == source for t in panel["targets"]), panel["title"]
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_no_created_series_as_kube_proxy_writes_none():
+    _, text = families(every_metric_recorded())
+    assert "_created" not in text
