@@ -123,10 +123,12 @@ class SyncPass:
         try:
             result = self.pipeline.apply(self.pipeline.plan(full=full))
         except KernelError as exc:
-            self._pass_failed(f"sync failed: {exc}", traceback=False)
+            self._pass_failed(f"sync failed: {exc}", traceback=False, started=started, full=full)
             return
         except Exception:  # noqa: BLE001 - the agent never dies of one bad pass
-            self._pass_failed("sync failed with an unexpected error", traceback=True)
+            self._pass_failed(
+                "sync failed with an unexpected error", traceback=True, started=started, full=full
+            )
             return
         if result.full:
             self._metrics.families(self.pipeline.families())
@@ -138,6 +140,8 @@ class SyncPass:
             self.request_full()
         seconds = self._clock() - started
         report = result.sync.report
+        errors = {result.companion_error} | {str(f.error) for f in report.failures}
+        restore_failures = _restore_failures(errors - {""})
         self._metrics.synced(
             seconds=seconds,
             plan=result.sync.plan,
@@ -147,11 +151,13 @@ class SyncPass:
             draining=result.sync.draining,
             triggers=changes.trigger_times,
             full=result.full,
+            # as kube-proxy's syncProxyRules returning after a failed restore: timed, but no
+            # last-sync time and no programming latency
+            restored=not result.companion_error and not restore_failures,
         )
         fell_back = self.pipeline.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
-        errors = {result.companion_error} | {str(f.error) for f in report.failures}
-        for version in _restore_failures(errors - {""}):
+        for version in restore_failures:
             self._metrics.restore_failed(version)
         if result.companion_error:
             log.error("companion rules: %s", result.companion_error)
@@ -190,11 +196,12 @@ class SyncPass:
         chosen = node.primary if config.nodeport_primary else node.addresses
         return tuple(a for a in chosen if config.selects_nodeport_address(a))
 
-    def _pass_failed(self, message: str, *, traceback: bool) -> None:
+    def _pass_failed(self, message: str, *, traceback: bool, started: float, full: bool) -> None:
         """A pass that did not complete: logged (with the traceback when unexpected),
-        counted, the next pass full (what the kernel holds is unknown), retried soon."""
+        counted and timed (kube-proxy times every pass, however it ends), the next pass full
+        (what the kernel holds is unknown), retried soon."""
         log.error("%s", message, exc_info=traceback)
-        self._metrics.sync_error()
+        self._metrics.sync_error(seconds=self._clock() - started, full=full)
         self.request_full()
         self._failed_passes += 1
         if self.runner is not None:

@@ -362,7 +362,7 @@ class Pipeline:
         )
         changes, error = 0, planned.companion_error
         forgotten = 0
-        started = time.monotonic()
+        started = self.clock()
         if self.companion is not None:
             changes, error = self._apply_companion(planned)
             gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
@@ -375,7 +375,7 @@ class Pipeline:
             forgotten,
             len(self.index),
             self.index.dest_count,
-            time.monotonic() - started,
+            self.clock() - started,
             stale=stale,
             refused=frozenset(refused),
             recovered=frozenset(recovered),

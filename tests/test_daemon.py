@@ -337,3 +337,46 @@ def test_a_failed_companion_restore_is_counted_and_the_pass_does_not_count_as_he
     name = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
     assert sample(agent.metrics, name, ip_family="IPv6") == 1
     assert sample(agent.metrics, name, ip_family="IPv4") == 0
+
+
+def test_a_pass_whose_restore_failed_is_timed_but_sets_no_last_sync_time(monkeypatch):
+    """kube-proxy's syncProxyRules returns after a failed iptables-restore: its duration is
+    observed, the last-sync timestamp is not set."""
+    import dataclasses
+
+    agent = Agent()
+    apply = agent.sync.pipeline.apply
+
+    def failing(planned):
+        return dataclasses.replace(apply(planned), companion_error="iptables-restore: boom")
+
+    monkeypatch.setattr(agent.sync.pipeline, "apply", failing)
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    agent.sync()
+    duration = "kubeproxy_sync_proxy_rules_duration_seconds_count"
+    assert sample(agent.metrics, duration, ip_family="IPv4") == 1
+    last = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+    assert sample(agent.metrics, last, ip_family="IPv4") == 0
+    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
+    monkeypatch.setattr(agent.sync.pipeline, "apply", apply)  # the next pass restores
+    agent.feed(service("web"), web_slice("10.244.0.2"))
+    agent.sync()
+    assert sample(agent.metrics, last, ip_family="IPv4") > 0
+
+
+def test_a_pass_that_raised_is_timed_as_kube_proxy_times_every_pass(monkeypatch):
+    agent, runner, clock = driven_agent()
+
+    def raising(planned):
+        clock.now += 7.5  # the pass ran this long before the kernel refused it
+        raise KernelError("netlink: boom")
+
+    monkeypatch.setattr(agent.sync.pipeline, "apply", raising)
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    agent.sync()
+    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="error") == 1
+    name = "kubeproxy_sync_proxy_rules_duration_seconds"
+    assert sample(agent.metrics, name + "_count", ip_family="IPv4") == 1
+    assert sample(agent.metrics, name + "_sum", ip_family="IPv4") == 7.5
+    full = "kubeproxy_sync_full_proxy_rules_duration_seconds"
+    assert sample(agent.metrics, full + "_sum", ip_family="IPv4") == 7.5

@@ -271,7 +271,8 @@ def test_the_agent_imports_no_oauth_pydantic_websocket_or_dynamic_client() -> No
     code = (
         "import sys, ipvsproxy.kube\n"
         "heavy = ['oauthlib', 'requests_oauthlib', 'requests', 'websocket', 'pydantic',\n"
-        "         'dateutil', 'kubernetes.client.api_client', 'kubernetes.utils.create_from_yaml',\n"
+        "         'dateutil', 'kubernetes.client.api_client',\n"
+        "         'kubernetes.utils.create_from_yaml',\n"
         "         'kubernetes.config.kube_config', 'kubernetes.stream', 'kubernetes.dynamic',\n"
         "         'kubernetes.leaderelection', 'kubernetes.informer']\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
