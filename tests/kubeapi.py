@@ -70,6 +70,16 @@ class Event:
     obj: dict[str, Any]
 
 
+def _bearer(header: str | None) -> str | None:
+    """The token of an `Authorization` header as the apiserver reads it (its bearertoken
+    authenticator: trimmed, split on spaces, the scheme compared case-insensitively, so the
+    in-cluster loader's `bearer <token>` is accepted like `Bearer <token>`)."""
+    parts = (header or "").strip().split(" ", 2)
+    if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
+        return None
+    return parts[1]
+
+
 class ApiServer:
     def __init__(
         self,
@@ -358,7 +368,7 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            authorized = self.headers.get("Authorization") == f"Bearer {api.token}"
+            authorized = _bearer(self.headers.get("Authorization")) == api.token
             api.requests.append((url.path, "ok" if authorized else "denied", query))
             resource = _resource(url.path, query)
             if not authorized:

@@ -286,3 +286,47 @@ def test_the_agent_imports_no_oauth_pydantic_websocket_or_dynamic_client() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert run.stdout.splitlines() == ["[]", "True True True True"]
+
+
+def test_in_cluster_the_service_account_token_is_sent_and_its_rotation_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DaemonSet's path: the library's in-cluster loader, our GETs (its refresh hook runs
+    before each request; the kubelet rotates the projected token file)."""
+    import datetime
+
+    from kubernetes.config import incluster_config
+
+    from tests.kubeapi import ApiServer
+
+    api = ApiServer(token="first").start()
+    try:
+        (tmp_path / "token").write_text("first")
+        (tmp_path / "ca.crt").write_bytes(api._ca.cert_pem.bytes())
+        monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+        monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+        with client(kubeconfig=None, context=None) as api_client:
+            first = api_client.get("/api/v1/services", [("limit", 5), ("watch", False)])
+            assert first.status == 200
+            # rotated; the loader re-reads the file once its minute is over
+            (tmp_path / "token").write_text("second")
+            api.token = "second"
+
+            class Later(datetime.datetime):
+                @classmethod
+                def now(cls, tz: Any = None) -> Any:  # noqa: ANN401
+                    return datetime.datetime.now(tz) + datetime.timedelta(minutes=2)
+
+            fake = type("datetime_module", (), {"datetime": Later, "timedelta": datetime.timedelta})
+            monkeypatch.setattr(incluster_config, "datetime", fake)
+            second = api_client.get("/api/v1/services", [])
+            assert second.status == 200
+        assert [(path, ok) for path, ok, _ in api.requests] == [
+            ("/api/v1/services", "ok"),
+            ("/api/v1/services", "ok"),
+        ]
+        assert api.requests[0][2] == {"limit": "5", "watch": "false"}
+    finally:
+        api.stop()
