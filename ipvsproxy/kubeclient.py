@@ -44,6 +44,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -55,7 +56,10 @@ from ipvsproxy.errors import ConfigError
 
 
 def _defer_package_inits() -> None:
-    """`kubernetes` and `kubernetes.config` as modules whose `__init__` runs on first use."""
+    """The package modules `kubernetes`, `kubernetes.config` and `kubernetes.utils`, each
+    running its `__init__` on the first read of a name it does not hold yet (once: a second
+    thread asking meanwhile waits for it, then reads the name)."""
+    lock = threading.RLock()  # one __init__ may read a name of another deferred package
     for name in ("kubernetes", "kubernetes.config", "kubernetes.utils"):
         if name in sys.modules:
             continue  # already imported (a test process, say): nothing to save
@@ -63,17 +67,33 @@ def _defer_package_inits() -> None:
         if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             return  # not the package layout this expects: the normal import applies
         module = importlib.util.module_from_spec(spec)
-
-        def run_init(attribute: str, module: Any = module, spec: Any = spec) -> Any:
-            del module.__dict__["__getattr__"]  # the __init__'s own names, from here on
-            spec.loader.exec_module(module)
-            return getattr(module, attribute)
-
-        module.__dict__["__getattr__"] = run_init  # PEP 562: only for names not yet defined
+        # PEP 562: called only for names not defined; kept until the __init__ has run, so
+        # another thread asking meanwhile waits for it on the lock
+        module.__dict__["__getattr__"] = _init_on_first_miss(module, spec.loader, lock)
         sys.modules[name] = module
         parent, _, child = name.rpartition(".")
         if parent:
             setattr(sys.modules[parent], child, module)
+
+
+def _init_on_first_miss(module: Any, loader: Any, lock: threading.RLock) -> Any:
+    names = module.__dict__
+
+    def init_then_read(attribute: str) -> Any:
+        with lock:
+            if names.get("__getattr__") is init_then_read and not names.get("__running__"):
+                names["__running__"] = True  # its own reads meanwhile: plain misses
+                try:
+                    loader.exec_module(module)
+                finally:
+                    del names["__running__"]
+                    if names.get("__getattr__") is init_then_read:  # not the __init__'s own
+                        del names["__getattr__"]
+        if attribute in names:
+            return names[attribute]
+        raise AttributeError(f"module {module.__name__!r} has no attribute {attribute!r}")
+
+    return init_then_read
 
 
 _defer_package_inits()

@@ -330,3 +330,23 @@ def test_in_cluster_the_service_account_token_is_sent_and_its_rotation_followed(
         assert api.requests[0][2] == {"limit": "5", "watch": "false"}
     finally:
         api.stop()
+
+
+def test_threads_reading_the_deferred_packages_at_once_all_get_their_names() -> None:
+    code = (
+        "import sys, threading, ipvsproxy.kubeclient\n"
+        "import kubernetes\n"
+        "barrier, got = threading.Barrier(8), []\n"
+        "def read(i):\n"
+        "    barrier.wait()\n"
+        "    if i % 2:\n"
+        "        got.append(callable(kubernetes.config.load_kube_config))\n"
+        "    else:\n"
+        "        got.append(kubernetes.__version__ > '0')\n"
+        "        got.append(callable(kubernetes.utils.parse_quantity))\n"
+        "threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "print(got.count(True))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (run.returncode, run.stdout.strip(), run.stderr) == (0, "12", "")
