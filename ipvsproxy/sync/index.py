@@ -46,14 +46,16 @@ class DesiredIndex:
 
     def update(self, ref: Ref, contribution: Contribution | None) -> set[VSKey]:
         """Replace what Service `ref` asks for (None: it is gone); the keys that may change."""
-        old = self._contributions.pop(ref, _EMPTY)
+        old = self._contributions.get(ref, _EMPTY)
         new = contribution or _EMPTY
         self._count(self._local, old.local, -1)
         self._count(self._local, new.local, +1)
         self._count(self._no_local, old.no_local, -1)
         self._count(self._no_local, new.no_local, +1)
         if new.entries or new.local or new.warnings or new.no_local:
-            self._contributions[ref] = new
+            self._contributions[ref] = new  # in place: the map keeps its key objects
+        else:
+            self._contributions.pop(ref, None)
         if new.warnings:
             self._warned.add(ref)
         else:

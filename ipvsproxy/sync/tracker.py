@@ -198,7 +198,7 @@ class Tracker:
         if old is not None and view is not None:
             view = _sharing(view, old)
         self._put(self._slices, key, view)
-        for s in (old, view):
+        for s in (view, old):  # the new first: an unchanged owner keeps its key objects
             if s is None or not s.service_name:
                 continue
             owner = (s.namespace, s.service_name)
@@ -304,4 +304,14 @@ def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceVi
     held = {ep: ep for ep in old.endpoints}
     endpoints = tuple(held.get(ep, ep) for ep in view.endpoints)
     ports = old.ports if old.ports == view.ports else view.ports
-    return replace(view, endpoints=endpoints, ports=ports)
+    service = old.service_name if old.service_name == view.service_name else view.service_name
+    # the same namespace and name (the same key): the old strings, which the tracker's and
+    # the pipeline's maps already hold as keys
+    return replace(
+        view,
+        namespace=old.namespace,
+        name=old.name,
+        service_name=service,
+        endpoints=endpoints,
+        ports=ports,
+    )
