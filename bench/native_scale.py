@@ -150,6 +150,10 @@ def main() -> None:
     rows.append(
         ("idle full resync", f"{time.perf_counter() - t0:.2f} s, {len(result.sync.plan)} ops")
     )
+    # The pass's result holds its observation (a copy of the whole table): kept through the
+    # soak, it would keep every replaced endpoint's old objects alive, which measured the
+    # bench's memory, not the agent's (blocks grew ~5 per change until this was dropped)
+    del result
 
     if args.soak > 0:
         rows += soak(tracker, pipeline, kernel, rollouts, args)
