@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ipvsproxy.api import EndpointSliceView
 from ipvsproxy.config import Config
 from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
@@ -69,7 +70,8 @@ def test_a_services_change_keeps_the_key_objects_already_held():
     pipeline.sync(tracker.take(), full=True)
 
     def held() -> dict[tuple[str, str], tuple[Any, ...]]:
-        views = {(v.namespace, v.name): v for v in tracker.views(SLICE)}  # type: ignore[union-attr]
+        slices = [v for v in tracker.views(SLICE) if isinstance(v, EndpointSliceView)]
+        views = {(v.namespace, v.name): v for v in slices}
         refs = {ref: ref for ref in pipeline.index._contributions}  # the map's own keys
         return {
             key: (view.namespace, view.name, view.service_name, refs[(key[0], view.service_name)])
