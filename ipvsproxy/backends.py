@@ -247,12 +247,15 @@ def prepare_host(config: Config) -> list[str]:
     return done
 
 
-def remove_leftovers(backend: Backend, config: Config) -> list[str]:
-    """The other backend's objects, removed: the backend changed since the last run."""
+def remove_leftovers(backend: Backend, config: Config, *, dry_run: bool = False) -> list[str]:
+    """The other backend's objects, removed: the backend changed since the last run (with
+    `dry_run`, only found and listed)."""
     if backend.name == IPVS:
-        removed = _iptables_cleanup(dry_run=False)
+        removed = _iptables_cleanup(dry_run=dry_run)
     else:
-        removed = _ipvs_cleanup(config, dry_run=False)
+        removed = _ipvs_cleanup(config, dry_run=dry_run)
+    if dry_run:
+        return removed
     for item in removed:
         log.warning("removed a leftover of the %s backend: %s", _other(backend.name), item)
     return removed

@@ -56,9 +56,11 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
+from ipvsproxy.overlap import alongside
 from ipvsproxy.sync.desired import (
     Access,
     Contribution,
+    Desired,
     Entry,
     local_ready_endpoints,
     node_warnings,
@@ -278,6 +280,25 @@ class Pipeline:
             return replace(plan, companion_error=str(exc))
 
     def _plan_full(self, observed: IpvsState | None) -> PassPlan:
+        companion = self.companion if self.node is not None else None
+        if companion is None:
+            return self._plan_ipvs(observed)[0]
+        # the companion's host state (sets, chains) is read while the IPVS table is read
+        # and planned (overlap.py): reading it is mostly waiting on netlink and processes
+        with alongside(companion.observe, name="observe companion") as seen:
+            plan, desired = self._plan_ipvs(observed)
+            assert self.node is not None
+            companion.options = options_for(self.config, self.node)
+            try:  # every set, against what the host holds (sets and chains)
+                sets = self._refreshed_sets(plan.ipvs, desired.access, desired.local_endpoints)
+                wanted = plan_companion(
+                    sets.wanted(), seen.result(), companion.options, companion.versions
+                )
+                return replace(plan, companion=wanted, companion_seen=seen.result())
+            except KernelError as exc:
+                return replace(plan, companion_error=str(exc))
+
+    def _plan_ipvs(self, observed: IpvsState | None) -> tuple[PassPlan, Desired]:
         repairs: tuple[str, ...] = ()
         if observed is None:
             observed = self.kernel.observe()
@@ -291,19 +312,7 @@ class Pipeline:
             drainer=self.drainer,
             manage_addresses=self.manage_addresses,
         )
-        plan = PassPlan(True, ipvs, desired.origins, repairs)
-        if self.companion is None or self.node is None:
-            return plan
-        self.companion.options = options_for(self.config, self.node)
-        try:  # every set, against what the host holds (sets and chains)
-            sets = self._refreshed_sets(ipvs, desired.access, desired.local_endpoints)
-            seen = self.companion.observe()
-            wanted = plan_companion(
-                sets.wanted(), seen, self.companion.options, self.companion.versions
-            )
-            return replace(plan, companion=wanted, companion_seen=seen)
-        except KernelError as exc:
-            return replace(plan, companion_error=str(exc))
+        return PassPlan(True, ipvs, desired.origins, repairs), desired
 
     def _refreshed_sets(
         self, ipvs: Planned, access: Mapping[VSKey, Access], local: frozenset[IPAddress]
@@ -345,7 +354,21 @@ class Pipeline:
         if planned.full:
             self.table.seed(ipvs.observed)
             self._observed_once = True
-        result = apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
+
+        def write_ipvs() -> SyncResult:
+            return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
+
+        companion_work: tuple[int, str, float] | None = None
+        if planned.full and ipvs.plan and planned.companion and self.companion is not None:
+            # a full pass's two writes go out together (overlap.py): a cold sync's companion
+            # step is mostly `iptables-restore` and netlink round trips, the IPVS one mostly
+            # encoding; neither reads what the other writes (the companion's plan was made
+            # from the desired state). Partial passes are small: one after the other.
+            with alongside(lambda: self._timed_companion(planned), name="companion") as done:
+                result = write_ipvs()
+                companion_work = done.result()
+        else:
+            result = write_ipvs()
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
         failed = {failure.op for failure in result.report.failures}
@@ -360,13 +383,14 @@ class Pipeline:
             isinstance(f.error, NotFound | AlreadyExists) and not (touched((f.op,))[0] & refused)
             for f in result.report.failures
         )
-        changes, error = 0, planned.companion_error
+        changes, error, seconds = 0, planned.companion_error, 0.0
         forgotten = 0
-        started = self.clock()
         if self.companion is not None:
-            changes, error = self._apply_companion(planned)
+            changes, error, seconds = companion_work or self._timed_companion(planned)
+            started = self.clock()
             gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
             forgotten = forget_udp(self.companion.commands, gone)
+            seconds += self.clock() - started
         return PassResult(
             planned.full,
             result,
@@ -375,7 +399,7 @@ class Pipeline:
             forgotten,
             len(self.index),
             self.index.dest_count,
-            self.clock() - started,
+            seconds,
             stale=stale,
             refused=frozenset(refused),
             recovered=frozenset(recovered),
@@ -391,6 +415,11 @@ class Pipeline:
         except KernelError as exc:
             log.error("fallback rules of changed access: %s", exc)
             self._observed_once = False
+
+    def _timed_companion(self, planned: PassPlan) -> tuple[int, str, float]:
+        started = self.clock()
+        changes, error = self._apply_companion(planned)
+        return changes, error, self.clock() - started
 
     def _apply_companion(self, planned: PassPlan) -> tuple[int, str]:
         """Write the companion's plan; (changes written, error). After an error the set

@@ -7,6 +7,7 @@ final objects wants; a partial pass runs at most one `ipset restore` (and no obs
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ipvsproxy.companion.kernel import Companion
@@ -98,3 +99,90 @@ def test_a_failed_companion_write_makes_the_next_pass_full():
     assert result.full  # observed again, and repaired
     assert result.ok
     assert host.held() == host_wants(objects(3))
+
+
+class Meeting(FakeKernel):
+    """A FakeKernel that, when asked to, reads and writes only once the companion has started
+    reading or writing too (a pipeline doing one after the other makes it wait in vain)."""
+
+    def __init__(self, companion: Companion) -> None:
+        super().__init__()
+        self.meet = True
+        self.met: list[str] = []
+        self.reading, self.writing = threading.Event(), threading.Event()
+        observe, apply = companion.observe, companion.apply
+
+        def observing() -> Any:
+            self.reading.set()
+            return observe()
+
+        def applying(plan: Any) -> None:
+            self.writing.set()
+            apply(plan)
+
+        companion.observe, companion.apply = observing, applying  # type: ignore[method-assign]
+
+    def observe(self) -> Any:
+        if self.meet:
+            self.met.append("read" if self.reading.wait(WAIT) else "read alone")
+        return super().observe()
+
+    def apply(self, plan: Any, *, names: Any = None) -> Any:
+        if self.meet:
+            self.met.append("wrote" if self.writing.wait(WAIT) else "wrote alone")
+        else:
+            self.met.append("wrote first" if not self.writing.is_set() else "wrote after")
+        return super().apply(plan, names=names)
+
+
+WAIT = 5.0  # seconds; reached only when the pipeline does not overlap the two
+
+
+def test_a_full_pass_reads_and_writes_ipvs_and_the_companion_together():
+    """A full pass's IPVS and companion steps overlap (overlap.py); a partial pass's IPVS
+    writes come first, as kube-proxy's order. Every result as in one after the other."""
+    host = FakeHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    kernel = Meeting(companion)
+    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(3))
+    result = pipeline.sync(tracker.take(), full=True)
+    assert kernel.met == ["read", "wrote"]
+    assert result.ok
+    assert result.companion_changes
+    assert host.held() == host_wants(objects(3))
+    assert len(kernel.state.services) == 3
+
+    kernel.meet, kernel.met = False, []
+    kernel.writing.clear()
+    feed(tracker, objects(4))
+    result = pipeline.sync(tracker.take(), full=False)
+    assert kernel.met == ["wrote first"]
+    assert result.ok
+    assert host.held() == host_wants(objects(4))
+
+
+class RefusingHost(FakeHost):
+    refuse_restore = False
+
+    def run(self, args, *, stdin=None):
+        if self.refuse_restore and args[0] == "iptables-restore":
+            raise KernelError("iptables-restore: refused")
+        return super().run(args, stdin=stdin)
+
+
+def test_a_companion_error_in_a_full_pass_is_reported_as_before():
+    host = RefusingHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(2))
+    host.refuse_restore = True
+    result = pipeline.sync(tracker.take(), full=True)
+    assert result.companion_error
+    assert len(pipeline.kernel.observe().services) == 2  # the IPVS part applied all the same
+    host.refuse_restore = False
+    result = pipeline.sync(tracker.take(), full=False)
+    assert result.full  # the host is unknown after the error: observed again
+    assert result.ok
