@@ -196,9 +196,8 @@ def parse_service(obj: RawObject) -> ServiceView:
     namespace, name, labels, annotations = _meta(obj, namespaced=True)
     spec = _object(obj.get("spec"), "spec", required=True)
     stype = _service_type(spec.get("type"))
-    base = ServiceView(namespace, name, stype, labels=labels, annotations=annotations)
     if stype is ServiceType.EXTERNAL_NAME:
-        return base
+        return ServiceView(namespace, name, stype, labels=labels, annotations=annotations)
     cluster_ips = _cluster_ips(spec)
     if cluster_ips is None:
         return ServiceView(namespace, name, stype, headless=True, labels=labels)
@@ -391,39 +390,46 @@ def parse_slice(obj: RawObject) -> EndpointSliceView:
             )
         )
     endpoints = tuple(
-        _endpoint(item, f"endpoints[{i}]", version)
+        _endpoint(item, i, version)
         for i, item in enumerate(_list(obj.get("endpoints"), "endpoints"))
     )
     return EndpointSliceView(namespace, name, service_name, address_type, tuple(ports), endpoints)
 
 
-def _endpoint(item: object, where: str, version: int) -> EndpointView:
+def _endpoint(item: object, i: int, version: int) -> EndpointView:
     """One endpoint: the hot path of parsing (every endpoint of every slice), so the checks
-    are inline isinstance tests, each failure explained by the general helpers."""
-    if not isinstance(item, Mapping):
-        raise _wrong(where, item, "an object")
+    are inline tests and the field's path is spelled only for an error, which the general
+    helpers explain."""
+    if type(item) is not dict and not isinstance(item, Mapping):  # dict: not the ABC's check
+        raise _wrong(f"endpoints[{i}]", item, "an object")
     addresses = item.get("addresses")
     if not isinstance(addresses, list) or not addresses:
+        where = f"endpoints[{i}].addresses"
         if addresses is None or addresses == []:
-            raise Malformed(f"{where}.addresses is missing", field=f"{where}.addresses")
-        raise _wrong(f"{where}.addresses", addresses, "a list")
-    address = _ip(addresses[0], f"{where}.addresses[0]")  # consumers use the first one
+            raise Malformed(f"{where} is missing", field=where)
+        raise _wrong(where, addresses, "a list")
+    try:  # consumers use the first address
+        address = _ip(addresses[0], "")
+    except Malformed:
+        address = _ip(addresses[0], f"endpoints[{i}].addresses[0]")  # raises, naming it
     if address.version != version:
-        raise Malformed(
-            f"{where}.addresses[0]: {address} is not an IPv{version} address",
-            field=f"{where}.addresses[0]",
-        )
-    ready, serving, terminating = _conditions(item.get("conditions"), where)
+        where = f"endpoints[{i}].addresses[0]"
+        raise Malformed(f"{where}: {address} is not an IPv{version} address", field=where)
+    cond = item.get("conditions")
+    if cond is None:
+        ready, serving, terminating = True, True, False
+    else:
+        ready, serving, terminating = _conditions(cond, i)
     node = item.get("nodeName")
     if node is None:
         node = ""
-    elif not isinstance(node, str):
-        raise _wrong(f"{where}.nodeName", node, "a string")
+    elif type(node) is not str and not isinstance(node, str):
+        raise _wrong(f"endpoints[{i}].nodeName", node, "a string")
     node = sys.intern(node)  # a few node names, 100,000s of endpoints
     hints = item.get("hints")
     if hints is None:
         return EndpointView(address, ready, serving, terminating, node)
-    zones, nodes = _hints(hints, f"{where}.hints")
+    zones, nodes = _hints(hints, f"endpoints[{i}].hints")
     return EndpointView(address, ready, serving, terminating, node, zones, nodes)
 
 
@@ -446,17 +452,15 @@ def _hints(hints: object, where: str) -> tuple[frozenset[str], frozenset[str]]:
 _NO_HINTS: frozenset[str] = frozenset()
 
 
-def _conditions(cond: object, where: str) -> tuple[bool, bool, bool]:
-    """(ready, serving, terminating) of an endpoint; each condition true, false or null."""
-    if cond is None:
-        return True, True, False
-    if not isinstance(cond, Mapping):
-        raise _wrong(f"{where}.conditions", cond, "an object")
+def _conditions(cond: object, i: int) -> tuple[bool, bool, bool]:
+    """(ready, serving, terminating) of endpoint `i`; each condition true, false or null."""
+    if type(cond) is not dict and not isinstance(cond, Mapping):
+        raise _wrong(f"endpoints[{i}].conditions", cond, "an object")
     ready, terminating = cond.get("ready"), cond.get("terminating")
     serving = cond.get("serving", ready)  # absent: as ready (null: unknown)
     for key, value in (("ready", ready), ("serving", serving), ("terminating", terminating)):
         if value is not None and value is not True and value is not False:
-            raise _wrong(f"{where}.conditions.{key}", value, "true, false or null")
+            raise _wrong(f"endpoints[{i}].conditions.{key}", value, "true, false or null")
     # discovery/v1: a nil ready or serving condition means "unknown", read as true.
     return ready is not False, serving is not False, terminating is True
 
@@ -544,7 +548,8 @@ def _string_map(value: object, where: str) -> Mapping[str, str]:
     for key, item in values.items():
         if not isinstance(key, str):
             raise _bad(where, key, "has a key that is not a string")
-        _str(item, f"{where}[{key!r}]")
+        if not isinstance(item, str):
+            raise _wrong(f"{where}[{key!r}]", item, "a string")
     return values
 
 
