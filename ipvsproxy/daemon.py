@@ -140,8 +140,7 @@ class SyncPass:
             self.request_full()
         seconds = self._clock() - started
         report = result.sync.report
-        errors = {result.companion_error} | {str(f.error) for f in report.failures}
-        restore_failures = _restore_failures(errors - {""})
+        restore_failures = result.restore_failed
         self._metrics.synced(
             seconds=seconds,
             plan=result.sync.plan,
@@ -249,18 +248,6 @@ class SyncPass:
             delays.append(DRAIN_POLL)
         if delays:
             self.runner.retry_after(max(min(delays), self._config.min_sync_period))
-
-
-def _restore_failures(errors: set[str]) -> list[int]:
-    """Per failed iptables-restore run (one error message, however many operations it
-    failed: the companion's, or the fallback's), its IP version (kube-proxy's
-    iptables_restore_failures_total counts those alone, not ipset or netlink failures)."""
-    return [
-        version
-        for error in errors
-        for version, tool in ((4, "iptables-restore"), (6, "ip6tables-restore"))
-        if tool in error
-    ]
 
 
 def _object_of(op: Op) -> object:

@@ -47,6 +47,15 @@ class Unsupported(KernelError):
     """The kernel does not support what was asked (scheduler module, protocol, flag)."""
 
 
+class RestoreFailed(KernelError):
+    """An `iptables-restore` (`ip6tables-restore`: `version` 6) run failed: what kube-proxy's
+    iptables_restore_failures_total counts, per run, however many operations it carried."""
+
+    def __init__(self, message: str, *, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
 class KernelUnavailable(KernelError):
     """The backend cannot be used at all (no IPVS, no permission)."""
 

@@ -28,7 +28,7 @@ from ipvsproxy import backends
 from ipvsproxy.companion.ipset import destroy_commands, render_script
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.iptables.kernel import TOOLS, Commands, restore_argv
+from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal
 
@@ -101,7 +101,7 @@ def _chains(commands: Commands, *, dry_run: bool) -> list[str]:
             removed += [f"{tool} -t {table}: chain {c}" for c in sorted(saved.chains)]
             payload = removal(saved, table=table)
             if payload and not dry_run:
-                commands.run(restore_argv(version), stdin=payload)
+                restore(commands, version, payload)
     return removed
 
 

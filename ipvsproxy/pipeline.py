@@ -36,7 +36,7 @@ from ipvsproxy.companion.ipset import host_after
 from ipvsproxy.companion.kernel import Companion, CompanionPlan, Observed, plan_companion
 from ipvsproxy.companion.step import options_for
 from ipvsproxy.config import Config
-from ipvsproxy.errors import AlreadyExists, KernelError, NotFound
+from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, RestoreFailed
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
@@ -147,6 +147,9 @@ class PassResult:
     stale: bool = False
     refused: frozenset[VSKey] = frozenset()  # settings refused: served plainer from now on
     recovered: frozenset[VSKey] = frozenset()  # failing before, done now
+    # the IP version of each iptables-restore run that failed (the companion's or the
+    # fallback's): kube-proxy's iptables_restore_failures_total
+    restore_failed: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -358,7 +361,7 @@ class Pipeline:
         def write_ipvs() -> SyncResult:
             return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
 
-        companion_work: tuple[int, str, float] | None = None
+        companion_work: _Written | None = None
         if planned.full and ipvs.plan and planned.companion and self.companion is not None:
             # a full pass's two writes go out together (overlap.py): a cold sync's companion
             # step is mostly `iptables-restore` and netlink round trips, the IPVS one mostly
@@ -383,26 +386,32 @@ class Pipeline:
             isinstance(f.error, NotFound | AlreadyExists) and not (touched((f.op,))[0] & refused)
             for f in result.report.failures
         )
-        changes, error, seconds = 0, planned.companion_error, 0.0
+        written = _Written(error=planned.companion_error)
         forgotten = 0
         if self.companion is not None:
-            changes, error, seconds = companion_work or self._timed_companion(planned)
+            written = companion_work or self._timed_companion(planned)
             started = self.clock()
             gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
             forgotten = forget_udp(self.companion.commands, gone)
-            seconds += self.clock() - started
+            written = replace(written, seconds=written.seconds + self.clock() - started)
+        restores = {  # one failed run fails every operation it carried: counted once
+            id(f.error): f.error.version
+            for f in result.report.failures
+            if isinstance(f.error, RestoreFailed)
+        }
         return PassResult(
             planned.full,
             result,
-            changes,
-            error,
+            written.changes,
+            written.error,
             forgotten,
             len(self.index),
             self.index.dest_count,
-            seconds,
+            written.seconds,
             stale=stale,
             refused=frozenset(refused),
             recovered=frozenset(recovered),
+            restore_failed=(*written.restore_failed, *restores.values()),
         )
 
     def _refresh_fallback(self, keys: frozenset[VSKey]) -> None:
@@ -416,16 +425,17 @@ class Pipeline:
             log.error("fallback rules of changed access: %s", exc)
             self._observed_once = False
 
-    def _timed_companion(self, planned: PassPlan) -> tuple[int, str, float]:
+    def _timed_companion(self, planned: PassPlan) -> _Written:
         started = self.clock()
-        changes, error = self._apply_companion(planned)
-        return changes, error, self.clock() - started
+        written = self._apply_companion(planned)
+        return replace(written, seconds=self.clock() - started)
 
-    def _apply_companion(self, planned: PassPlan) -> tuple[int, str]:
-        """Write the companion's plan; (changes written, error). After an error the set
-        index no longer knows the host: the next pass must be a full one."""
+    def _apply_companion(self, planned: PassPlan) -> _Written:
+        """Write the companion's plan. After an error the set index no longer knows the
+        host: the next pass must be a full one."""
         assert self.companion is not None
         plan, error = planned.companion, planned.companion_error
+        failed: tuple[int, ...] = ()
         try:
             if plan and not error:
                 self.companion.apply(plan)
@@ -433,13 +443,25 @@ class Pipeline:
                 self._set_index().seed(host_after(planned.companion_seen.sets, plan.sets))
         except KernelError as exc:
             error = str(exc)
+            failed = (exc.version,) if isinstance(exc, RestoreFailed) else ()
         if error:
             self._observed_once = False
-        return (len(plan.describe()) if plan and not error else 0), error
+        changes = len(plan.describe()) if plan and not error else 0
+        return _Written(changes, error, failed)
 
     def sync(self, changes: Changes, *, full: bool) -> PassResult:
         self.feed(changes)
         return self.apply(self.plan(full=full))
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """What one pass's companion step did."""
+
+    changes: int = 0  # set entries and rules written
+    error: str = ""  # why it failed ("" = it did not)
+    restore_failed: tuple[int, ...] = ()  # the IP version of its iptables-restore that failed
+    seconds: float = 0.0
 
 
 def _reusing(contribution: Contribution, index: DesiredIndex) -> Contribution:

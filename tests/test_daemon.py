@@ -326,7 +326,9 @@ def test_a_failed_companion_restore_is_counted_and_the_pass_does_not_count_as_he
 
     def failing(planned):
         result = apply(planned)
-        return dataclasses.replace(result, companion_error="ip6tables-restore failed: boom")
+        return dataclasses.replace(
+            result, companion_error="ip6tables-restore failed: boom", restore_failed=(6,)
+        )
 
     monkeypatch.setattr(agent.sync.pipeline, "apply", failing)
     agent.feed(service("web"), web_slice("10.244.0.1"))
@@ -348,7 +350,9 @@ def test_a_pass_whose_restore_failed_is_timed_but_sets_no_last_sync_time(monkeyp
     apply = agent.sync.pipeline.apply
 
     def failing(planned):
-        return dataclasses.replace(apply(planned), companion_error="iptables-restore: boom")
+        return dataclasses.replace(
+            apply(planned), companion_error="iptables-restore: boom", restore_failed=(4,)
+        )
 
     monkeypatch.setattr(agent.sync.pipeline, "apply", failing)
     agent.feed(service("web"), web_slice("10.244.0.1"))

@@ -186,3 +186,47 @@ def test_a_companion_error_in_a_full_pass_is_reported_as_before():
     result = pipeline.sync(tracker.take(), full=False)
     assert result.full  # the host is unknown after the error: observed again
     assert result.ok
+
+
+def test_a_failed_iptables_restore_is_named_with_its_ip_version_and_an_ipset_failure_not():
+    """PassResult.restore_failed (kube-proxy's iptables_restore_failures_total): the
+    companion's failed iptables-restore by its IP version, once; any other companion
+    failure is an error but no restore failure."""
+    host = RefusingHost()
+    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(2))
+    host.refuse_restore = True
+    result = pipeline.sync(tracker.take(), full=True)
+    assert "refused" in result.companion_error
+    assert result.restore_failed == (4,)
+
+    failing = FailingHost()
+    companion = Companion(commands=failing, versions=(4,))  # type: ignore[arg-type]
+    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
+    feed(tracker, objects(2))
+    pipeline.sync(tracker.take(), full=True)
+    del failing.sets["IPVSPROXY-CLUSTER-IP"]  # the ipset write fails
+    feed(tracker, objects(3))
+    result = pipeline.sync(tracker.take(), full=False)
+    assert "ipset" in result.companion_error
+    assert result.restore_failed == ()
+
+
+def test_the_fallback_failed_restore_counts_once_however_many_operations_it_carried():
+    from ipvsproxy.iptables import IptablesKernel
+    from tests.iptables.fake import ScriptedCommands
+
+    commands = ScriptedCommands()
+    kernel = IptablesKernel(commands=commands)
+    pipeline = Pipeline(kernel=kernel, config=CONFIG)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(3))
+    commands.fail.add("iptables-restore")
+    result = pipeline.sync(tracker.take(), full=True)
+    assert len(result.sync.report.failures) > 3
+    assert result.restore_failed == (4,)
+    result = pipeline.sync(tracker.take(), full=True)  # the tool works again
+    assert result.ok
+    assert result.restore_failed == ()

@@ -51,7 +51,7 @@ from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, 
 from ipvsproxy.companion.sets import SetState
 from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.iptables.generation import RulesetGeneration
-from ipvsproxy.iptables.kernel import TOOLS, Commands, restore_argv
+from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
 
@@ -230,7 +230,7 @@ class Companion:
         """Sets first (the rules match them), then rules, then unused sets. KernelError."""
         self._write(set_commands(plan.sets))
         for version, _table, payload in plan.restores:
-            self.commands.run(restore_argv(version), stdin=payload)
+            restore(self.commands, version, payload)
         self._write(destroy_commands(plan.stale_sets))
 
     def _write(self, commands: list[SetCommand]) -> None:
@@ -266,7 +266,7 @@ class Companion:
             removed += [f"{tool} -t {table}: chain {c}" for c in sorted(saved.chains)]
             payload = removal(saved, table=table)
             if payload and not dry_run:
-                self.commands.run(restore_argv(version), stdin=payload)
+                restore(self.commands, version, payload)
         names = sorted(observed.sets.sets)
         removed += [f"ipset {name}" for name in names]
         if not dry_run:

@@ -25,7 +25,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
+from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
 from ipvsproxy.iptables.rules import FILTER_JUMPS, filter_ruleset, sanitise
@@ -63,6 +63,17 @@ RESTORE_WAIT = ("-w", "5", "-W", "100000")
 def restore_argv(version: int) -> list[str]:
     """`iptables-restore` (or ip6tables-) with the xtables lock wait and `--noflush`."""
     return [TOOLS[version][1], *RESTORE_WAIT, "--noflush"]
+
+
+def restore(commands: Commands, version: int, payload: str) -> None:
+    """One `iptables-restore --noflush` run of `payload`; RestoreFailed (its IP version
+    named, for the metric) when it fails, KernelUnavailable without the tool."""
+    try:
+        commands.run(restore_argv(version), stdin=payload)
+    except KernelUnavailable:
+        raise
+    except KernelError as exc:
+        raise RestoreFailed(str(exc), version=version) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +337,7 @@ class IptablesKernel:
         return self._commands.run([TOOLS[version][0], "-t", table])
 
     def _restore(self, version: int, payload: str) -> None:
-        self._commands.run(restore_argv(version), stdin=payload)
+        restore(self._commands, version, payload)
 
     def _supported(self, op: Op) -> None:
         version = _version(op)
