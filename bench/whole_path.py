@@ -182,6 +182,9 @@ def once_rows(
     big: Path, empty: Path, want: IpvsState, repeat: int, floor: float, out: Results
 ) -> None:
     bigs, empties = [], []
+    # not counted: the boot's first process reads the interpreter and every module over the
+    # VM's 9p share (a cold page cache; 2-3 s more than the runs after it)
+    run_once(empty, IpvsState({}, {}), out)
     for _ in range(repeat):  # in turns: the VM's speed drifts
         empties.append(run_once(empty, IpvsState({}, {}), out))
         bigs.append(run_once(big, want, out))
