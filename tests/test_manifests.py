@@ -119,6 +119,9 @@ def test_pure_python_loader_reads_the_same(tmp_path, monkeypatch):
     assert fast[0]["metadata"]["labels"] == {"x": "on"}
 
 
+TOO_DEEP = "nested deeper than 1000|exceeded maximum nesting depth"
+
+
 def _nested_lists(depth: int) -> str:
     """A Service inside `depth` nested Lists, as JSON text."""
     inner = '{"kind": "Service", "metadata": {"name": "deep"}}'
@@ -137,8 +140,9 @@ def _nested_lists(depth: int) -> str:
         ("bad.json", b"[" * 100_000, "invalid JSON"),
         ("bad.json", b"\xff\xfe{}", "cannot read"),
         ("bad.yaml", b"\xff\xfekind: x", "cannot read"),
-        ("bad.yaml", b"[" * 100_000 + b"]" * 100_000, "nested deeper than 1000"),
-        ("bad.yaml", b"a:\n" + b"- " * 100_000 + b"x\n", "nested deeper than 1000"),
+        # ours, or libyaml's own limit (1000 too) where PyYAML bundles libyaml 0.2.6+ (6.0.4)
+        ("bad.yaml", b"[" * 100_000 + b"]" * 100_000, TOO_DEEP),
+        ("bad.yaml", b"a:\n" + b"- " * 100_000 + b"x\n", TOO_DEEP),
         ("bad.yaml", b"a: [1, 2\n", "invalid YAML"),
         # values PyYAML's constructors refuse with ValueError, not YAMLError (issue 14)
         ("bad.yaml", b"kind: Service\nx: " + b"9" * 5000 + b"\n", "invalid YAML"),
