@@ -163,7 +163,7 @@ def test_a_full_pass_reads_and_writes_ipvs_and_the_companion_together():
     assert host.held() == host_wants(objects(4))
 
 
-class RefusingHost(FakeHost):
+class RefusingHost(FailingHost):
     refuse_restore = False
 
     def run(self, args, *, stdin=None):
@@ -172,26 +172,11 @@ class RefusingHost(FakeHost):
         return super().run(args, stdin=stdin)
 
 
-def test_a_companion_error_in_a_full_pass_is_reported_as_before():
-    host = RefusingHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
-    tracker = Tracker(node_name="node-a")
-    feed(tracker, objects(2))
-    host.refuse_restore = True
-    result = pipeline.sync(tracker.take(), full=True)
-    assert result.companion_error
-    assert len(pipeline.kernel.observe().services) == 2  # the IPVS part applied all the same
-    host.refuse_restore = False
-    result = pipeline.sync(tracker.take(), full=False)
-    assert result.full  # the host is unknown after the error: observed again
-    assert result.ok
-
-
-def test_a_failed_iptables_restore_is_named_with_its_ip_version_and_an_ipset_failure_not():
-    """PassResult.restore_failed (kube-proxy's iptables_restore_failures_total): the
-    companion's failed iptables-restore by its IP version, once; any other companion
-    failure is an error but no restore failure."""
+def test_a_failed_companion_restore_in_a_full_pass_is_reported_with_its_ip_version():
+    """The companion's iptables-restore fails while the IPVS part is applied all the same;
+    PassResult.restore_failed (kube-proxy's iptables_restore_failures_total) names its IP
+    version; the next pass observes again. Any other companion failure is an error but no
+    restore failure."""
     host = RefusingHost()
     companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
     pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
@@ -201,13 +186,13 @@ def test_a_failed_iptables_restore_is_named_with_its_ip_version_and_an_ipset_fai
     result = pipeline.sync(tracker.take(), full=True)
     assert "refused" in result.companion_error
     assert result.restore_failed == (4,)
+    assert len(pipeline.kernel.observe().services) == 2
+    host.refuse_restore = False
+    result = pipeline.sync(tracker.take(), full=False)
+    assert result.full  # the host is unknown after the error: observed again
+    assert result.ok
 
-    failing = FailingHost()
-    companion = Companion(commands=failing, versions=(4,))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
-    feed(tracker, objects(2))
-    pipeline.sync(tracker.take(), full=True)
-    del failing.sets["IPVSPROXY-CLUSTER-IP"]  # the ipset write fails
+    del host.sets["IPVSPROXY-CLUSTER-IP"]  # the ipset write fails
     feed(tracker, objects(3))
     result = pipeline.sync(tracker.take(), full=False)
     assert "ipset" in result.companion_error
