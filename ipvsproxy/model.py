@@ -253,15 +253,15 @@ def execute(
             del services[key], dests[key]
         case AddDest(service, rs):
             _present(service, services, "service")
-            _absent(rs.key, dests[service], f"destination of {service}")
+            _absent(rs.key, dests[service], "destination", service)
             dests[service] = {**dests[service], rs.key: rs}
         case UpdateDest(service, rs):
             _present(service, services, "service")
-            _present(rs.key, dests[service], f"destination of {service}")
+            _present(rs.key, dests[service], "destination", service)
             dests[service] = {**dests[service], rs.key: rs}
         case DeleteDest(service, key):
             _present(service, services, "service")
-            _present(key, dests[service], f"destination of {service}")
+            _present(key, dests[service], "destination", service)
             dests[service] = {k: v for k, v in dests[service].items() if k != key}
         case BindAddress(address):
             _absent(address, bound, "address")
@@ -271,14 +271,19 @@ def execute(
             bound.discard(address)
 
 
-def _present(key: object, where: Container[object], what: str) -> None:
+def _present(key: object, where: Container[object], what: str, of: object = None) -> None:
     if key not in where:
-        raise NotFound(f"{what} {key} not found")
+        raise NotFound(f"{_what(what, of)} {key} not found")
 
 
-def _absent(key: object, where: Container[object], what: str) -> None:
+def _absent(key: object, where: Container[object], what: str, of: object = None) -> None:
     if key in where:
-        raise AlreadyExists(f"{what} {key} exists already")
+        raise AlreadyExists(f"{_what(what, of)} {key} exists already")
+
+
+def _what(what: str, of: object) -> str:
+    """The object's description, spelled only for an error (a cold sync checks 10,000s)."""
+    return what if of is None else f"{what} of {of}"
 
 
 # ---- small helpers shared by parsers and renderers --------------------------------------
