@@ -92,7 +92,14 @@ class Table:
 
     def advance(self, ops: Iterable[Op]) -> None:
         """Record operations the kernel executed."""
+        dests = self.dests
         for op in ops:
+            if isinstance(op, AddDest | UpdateDest):  # most of a large plan: no match statement
+                table = dests.get(op.service)
+                if table is None:
+                    table = dests[op.service] = {}
+                table[op.rs.key] = op.rs
+                continue
             match op:
                 case AddService(vs) | UpdateService(vs):
                     self.services[vs.key] = vs
@@ -100,8 +107,6 @@ class Table:
                 case DeleteService(key):
                     self.services.pop(key, None)
                     self.dests.pop(key, None)
-                case AddDest(key, rs) | UpdateDest(key, rs):
-                    self.dests.setdefault(key, {})[rs.key] = rs
                 case DeleteDest(key, rs_key):
                     self.dests.get(key, {}).pop(rs_key, None)
                 case BindAddress(address):

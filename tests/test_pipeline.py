@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from hypothesis import given, settings
+
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.sets import wanted
 from ipvsproxy.config import Config
@@ -19,6 +21,8 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.companion.test_scale import FakeHost
 from tests.factories import ep, node, service, slice_, translate
+from tests.strategies import states
+from tests.sync.test_plan import OWN
 
 CONFIG = Config(node_name="node-a")
 
@@ -215,3 +219,26 @@ def test_the_fallback_failed_restore_counts_once_however_many_operations_it_carr
     result = pipeline.sync(tracker.take(), full=True)  # the tool works again
     assert result.ok
     assert result.restore_failed == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(states(), states())
+def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, after):
+    """pipeline.Table (what partial passes plan against) follows every operation type as the
+    kernel executes it (`model.transition`): from any state, a plan to any other."""
+    from ipvsproxy.model import transition
+    from ipvsproxy.pipeline import Table
+    from ipvsproxy.sync.plan import plan
+
+    ops = plan(after, before, ownership=OWN)
+    table = Table()
+    table.seed(before)
+    table.advance(ops)
+    kernel = before
+    for op in ops:
+        kernel = transition(kernel, op)
+    assert (table.services, table.dests, table.bound) == (
+        dict(kernel.services),
+        {key: dict(dests) for key, dests in kernel.dests.items()},
+        set(kernel.bound),
+    )

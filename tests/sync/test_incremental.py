@@ -142,6 +142,12 @@ def test_partial_and_full_passes_reach_what_a_fresh_translation_asks(script):
             if not drifted:
                 assert result.sync.report.ok
                 assert same(kernel, from_scratch(tracker))
+                table = pipeline.table  # what the next partial pass plans against
+                assert (table.services, table.dests, table.bound) == (
+                    kernel.state.services,
+                    kernel.state.dests,
+                    kernel.state.bound,
+                )
         elif kind == "drift":  # someone deletes one of our virtual servers
             victim = next(iter(kernel.state.services), None)
             if victim is not None:
