@@ -19,56 +19,27 @@ then waits longer for the interpreter than for the kernel. Measured in the IPVS 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
 SWITCH_INTERVAL = 0.001  # seconds; see the module docstring
 
 
-class Outcome(Generic[T]):
-    """The second thread's work: `result()` waits for it, then returns its value or raises
-    its exception."""
-
-    def __init__(self, work: Callable[[], T], name: str) -> None:
-        self._work = work
-        self._value: list[T] = []
-        self._error: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._value.append(self._work())
-        except BaseException as exc:  # handed to the caller's thread by result()
-            self._error.append(exc)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> T:
-        self.wait()
-        if self._error:
-            raise self._error[0]
-        return self._value[0]
-
-
 @contextmanager
-def alongside(work: Callable[[], T], *, name: str) -> Iterator[Outcome[T]]:
+def alongside(work: Callable[[], T], *, name: str) -> Iterator[Future[T]]:
     """Run `work` on a second thread while the block runs. The block reads its result (or
     gets its exception) with `result()`; on leaving the block the thread has ended, whether
     or not the block read it (an exception it raised unread is dropped)."""
-    outcome = Outcome(work, name)
-    outcome.start()
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(min(previous, SWITCH_INTERVAL))
-    try:
-        yield outcome
-    finally:
-        outcome.wait()
-        sys.setswitchinterval(previous)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) as pool:
+        outcome = pool.submit(work)
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(min(previous, SWITCH_INTERVAL))
+        try:
+            yield outcome
+        finally:
+            outcome.exception()  # waits for the work, while both threads still switch fast
+            sys.setswitchinterval(previous)
