@@ -367,22 +367,26 @@ class Pipeline:
             return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
 
         companion_work: _Written | None = None
+        gone: list[tuple[VSKey, RSKey | None]] = []
         if planned.full and ipvs.plan and planned.companion and self.companion is not None:
             # a full pass's two writes go out together (overlap.py): a cold sync's companion
             # step is mostly `iptables-restore` and netlink round trips, the IPVS one mostly
             # encoding; neither reads what the other writes (the companion's plan was made
-            # from the desired state). Partial passes are small: one after the other.
+            # from the desired state). The IPVS side's bookkeeping (the table advanced, the
+            # UDP flows to forget) is done while the companion's restore still runs.
+            # Partial passes are small: one after the other.
             with alongside(lambda: self._timed_companion(planned), name="companion") as done:
                 result = write_ipvs()
+                failed = self._record(ipvs, result)
+                gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)
                 companion_work = done.result()
         else:
             result = write_ipvs()
+            failed = self._record(ipvs, result)
+            if self.companion is not None:
+                gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
-        failed = {failure.op for failure in result.report.failures}
-        applied = [op for op in ipvs.plan if op not in failed] if failed else list(ipvs.plan)
-        self.table.advance(applied)
-        self._known -= {op.key for op in applied if isinstance(op, DeleteService)}
         refused = self.refusals.record(result.report.failures, planned.names)
         failed_keys, self._addresses = _retry_set(result.report)
         recovered = self.backoff.settle(planned.keys, failed_keys - refused)
@@ -396,7 +400,6 @@ class Pipeline:
         if self.companion is not None:
             written = companion_work or self._timed_companion(planned)
             started = self.clock()
-            gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
             forgotten = forget_udp(self.companion.commands, gone)
             written = replace(written, seconds=written.seconds + self.clock() - started)
         restores = {  # one failed run fails every operation it carried: counted once
@@ -418,6 +421,14 @@ class Pipeline:
             recovered=frozenset(recovered),
             restore_failed=(*written.restore_failed, *restores.values()),
         )
+
+    def _record(self, ipvs: Planned, result: SyncResult) -> set[Op]:
+        """The table advanced by what the kernel took; the operations it refused."""
+        failed = {failure.op for failure in result.report.failures}
+        applied = [op for op in ipvs.plan if op not in failed] if failed else list(ipvs.plan)
+        self.table.advance(applied)
+        self._known -= {op.key for op in applied if isinstance(op, DeleteService)}
+        return failed
 
     def _refresh_fallback(self, keys: frozenset[VSKey]) -> None:
         """A partial pass on the fallback: a Service whose access changed with no IPVS
