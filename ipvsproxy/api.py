@@ -15,18 +15,34 @@ Imports: model, the standard library. Never the Kubernetes client: raw dicts onl
 from __future__ import annotations
 
 import enum
+import json
 import re
 import reprlib
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, ip_address, ip_network
+from ipaddress import ip_address, ip_network
 from typing import Any
 
-from ipvsproxy.model import IPAddress, IPNetwork, Proto
+from ipvsproxy.model import IPAddress, IPNetwork, Proto, ipv4_from_packed
 
 RawObject = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RawJson:
+    """One object's JSON text, not decoded yet: an item of a JSON manifest's List, whose
+    `kind` was read (sync/wire.py decodes the fields ipvsproxy reads straight from it)."""
+
+    kind: str
+    data: bytes
+
+    def decoded(self) -> Any:
+        """The whole object, as `json.loads` reads it (ValueError, RecursionError)."""
+        return json.loads(self.data)
+
+
 Ref = tuple[str, str]  # (namespace, name) of an object; namespace "" for cluster-scoped ones
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -368,13 +384,34 @@ def _affinity(spec: RawObject) -> int:
 
 
 def parse_slice(obj: RawObject) -> EndpointSliceView:
+    head, version = slice_head(obj)
+    if not version:
+        return head
+    endpoints = tuple(
+        _endpoint(item, i, version)
+        for i, item in enumerate(_list(obj.get("endpoints"), "endpoints"))
+    )
+    return with_endpoints(head, endpoints)
+
+
+def with_endpoints(
+    head: EndpointSliceView, endpoints: tuple[EndpointView, ...]
+) -> EndpointSliceView:
+    return EndpointSliceView(
+        head.namespace, head.name, head.service_name, head.address_type, head.ports, endpoints
+    )
+
+
+def slice_head(obj: RawObject) -> tuple[EndpointSliceView, int]:
+    """A slice's view without its endpoints, and the IP version its endpoints must have (0:
+    an FQDN slice, whose endpoints are not read). sync/wire.py adds endpoints it decoded."""
     namespace, name, labels, _ = _meta(obj, namespaced=True)
     address_type = obj.get("addressType")
     if address_type not in ("IPv4", "IPv6", "FQDN") or not isinstance(address_type, str):
         raise _bad("addressType", address_type, "is not IPv4, IPv6 or FQDN")
     service_name = labels.get(SERVICE_NAME_LABEL, "")
     if address_type == "FQDN":
-        return EndpointSliceView(namespace, name, service_name, address_type)
+        return EndpointSliceView(namespace, name, service_name, address_type), 0
     version = 4 if address_type == "IPv4" else 6
     ports = []
     for i, item in enumerate(_list(obj.get("ports"), "ports")):
@@ -389,11 +426,7 @@ def parse_slice(obj: RawObject) -> EndpointSliceView:
                 _port(item.get("port"), f"{where}.port"),
             )
         )
-    endpoints = tuple(
-        _endpoint(item, i, version)
-        for i, item in enumerate(_list(obj.get("endpoints"), "endpoints"))
-    )
-    return EndpointSliceView(namespace, name, service_name, address_type, tuple(ports), endpoints)
+    return EndpointSliceView(namespace, name, service_name, address_type, tuple(ports)), version
 
 
 def _endpoint(item: object, i: int, version: int) -> EndpointView:
@@ -637,6 +670,11 @@ def _proto(value: object, where: str) -> Proto:
 _PROTOS = {p.name: p for p in Proto}
 
 
+def parse_ip(value: object) -> IPAddress:
+    """An IP address as the parsers read one (Malformed naming no field)."""
+    return _ip(value, "")
+
+
 def _ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
         raise _bad(where, value, "is not an IP address")
@@ -644,7 +682,7 @@ def _ip(value: object, where: str) -> IPAddress:
         if ":" not in value:
             # inet_pton takes exactly what ipaddress takes for IPv4 (four decimal parts,
             # no leading zeros) and is ~10x faster: every endpoint of every slice passes here
-            return IPv4Address(socket.inet_pton(socket.AF_INET, value))
+            return ipv4_from_packed(socket.inet_pton(socket.AF_INET, value))
         if "%" not in value:  # a scoped IPv6 address (fe80::1%eth0) is no Service address
             return ip_address(value)
     except (OSError, ValueError):  # UnicodeEncodeError (non-ASCII text) is a ValueError

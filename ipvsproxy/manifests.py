@@ -10,7 +10,7 @@ vanish from the desired state), invalid JSON or YAML (values PyYAML's constructo
 included), and YAML nested too deeply for libyaml raise ConfigError naming the file, never
 another exception; judging the objects is api.py's job.
 
-Imports: errors, api (types only), PyYAML, the standard library.
+Imports: errors, api (types only), PyYAML, msgspec, the standard library.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 
-from ipvsproxy.api import RawObject
+from ipvsproxy.api import RawJson, RawObject
 from ipvsproxy.errors import ConfigError
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -41,7 +42,14 @@ MAX_DEPTH = 1000
 
 def load(paths: Sequence[Path]) -> list[RawObject]:
     """Every object in these files and directories (recursively, in name order)."""
-    objects: list[RawObject] = []
+    return [_decoded(obj) if isinstance(obj, RawJson) else obj for obj in items(paths)]
+
+
+def items(paths: Sequence[Path]) -> list[RawObject | RawJson]:
+    """As `load()`, but the items of a JSON List come as their JSON text, by kind: the
+    tracker decodes what it reads of them straight into views (sync/wire.py), and an object
+    of a kind nobody reads is never decoded."""
+    objects: list[RawObject | RawJson] = []
     for path in paths:
         for file in _files(path):
             objects.extend(_objects(file))
@@ -89,10 +97,19 @@ def _walk(top: Path) -> Iterator[Path]:
                 yield file
 
 
-def _objects(file: Path) -> Iterator[RawObject]:
+def _objects(file: Path) -> Iterator[RawObject | RawJson]:
     try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc}") from exc
+    if file.suffix == ".json":
+        listed = _json_items(data.removeprefix(b"\xef\xbb\xbf"))
+        if listed is not None:
+            yield from listed
+            return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{file}: cannot read: {exc}") from exc
     documents = _json(file, text) if file.suffix == ".json" else _yaml(file, text)
     for index, doc in enumerate(documents):
@@ -101,6 +118,53 @@ def _objects(file: Path) -> Iterator[RawObject]:
         if not isinstance(doc, dict):
             raise ConfigError(f"{file}: document {index + 1} is not a Kubernetes object")
         yield from _expand(doc, f"{file}: document {index + 1}")
+
+
+class _List(msgspec.Struct):
+    """A JSON document that is a List, its items not decoded."""
+
+    kind: str
+    items: list[msgspec.Raw] | None = None
+
+
+class _Kind(msgspec.Struct):
+    """A List item that names its kind."""
+
+    kind: str
+
+
+_LIST = msgspec.json.Decoder(_List)
+_KIND = msgspec.json.Decoder(_Kind)
+
+
+def _json_items(data: bytes) -> list[RawJson] | None:
+    """The items of a JSON document that is a `kind: ...List` whose every item is an object
+    naming its own kind (what `kubectl get -o json` prints), as their JSON text; None for
+    any other document (a single object, a typed list, a nested list, invalid JSON), which
+    `_json()` reads whole as before. msgspec splits the items without decoding them."""
+    try:
+        document = _LIST.decode(data)
+        if not document.kind.endswith("List"):
+            return None
+        out = []
+        for item in document.items or ():
+            kind = _KIND.decode(item).kind
+            if kind.endswith("List"):
+                return None
+            out.append(RawJson(kind, bytes(item)))
+        return out
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+
+
+def _decoded(obj: RawJson) -> RawObject:
+    """A List item decoded as `json.loads` reads it (it was valid JSON as a part of its
+    document, so this fails only past Python's recursion limit)."""
+    try:
+        decoded: RawObject = obj.decoded()
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"a {obj.kind} in the manifests: invalid JSON: {exc}") from exc
+    return decoded
 
 
 def _json(file: Path, text: str) -> list[Any]:

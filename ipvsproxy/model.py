@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import socket
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
@@ -119,6 +119,38 @@ def _check_address_integers() -> None:
 
 
 _check_address_integers()
+
+
+# An IPv4Address built through its one slot (`_ip`, an int), skipping the constructor's type
+# dispatch and range check (0.8 us instead of 1.4 us natively): every endpoint address parsed
+# (api.py) and every destination address of a first observation (netlink/fast.py) is a new
+# one. The first 4 bytes always fit. If a Python release changes IPv4Address's internals,
+# the self-check below falls back to the constructor.
+ipv4_set_ip = IPv4Address.__dict__["_ip"].__set__ if "_ip" in IPv4Address.__dict__ else None
+
+
+def _ipv4_by_slot(raw: bytes) -> IPv4Address:
+    address = object.__new__(IPv4Address)
+    ipv4_set_ip(address, int.from_bytes(raw[:4], "big"))  # type: ignore[misc]
+    return address
+
+
+def _ipv4_by_constructor(raw: bytes) -> IPv4Address:
+    return IPv4Address(raw[:4])
+
+
+def _pick_ipv4() -> Callable[[bytes], IPv4Address]:
+    sample = b"\xc0\x00\x02\x81" + bytes(12)
+    try:
+        fast, slow = _ipv4_by_slot(sample), _ipv4_by_constructor(sample)
+        if (fast, hash(fast), str(fast), fast.packed) == (slow, hash(slow), str(slow), slow.packed):
+            return _ipv4_by_slot
+    except (TypeError, AttributeError):  # pragma: no cover
+        pass
+    return _ipv4_by_constructor  # pragma: no cover
+
+
+ipv4_from_packed: Callable[[bytes], IPv4Address] = _pick_ipv4()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ Owns: `ManifestSource`. It feeds the same `Tracker` as the API watchers do, so `
 --manifests` is the same agent with no cluster at all. Files are polled (name, mtime, size);
 a change that does not parse is logged and the last good objects stay in force.
 
-Imports: manifests, sync.tracker, errors.
+Imports: manifests, api (types), sync.tracker, errors.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ipvsproxy import manifests
-from ipvsproxy.api import RawObject
+from ipvsproxy.api import RawJson, RawObject
 from ipvsproxy.errors import ConfigError
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
@@ -42,10 +42,10 @@ class ManifestSource:
     def load(self, *, quiet: bool = False) -> None:
         """Read every file and replace the tracker's view; ConfigError if unreadable."""
         seen = manifests.fingerprint(self._paths)
-        objects = manifests.load(self._paths)
-        by_kind: dict[str, list[RawObject]] = defaultdict(list)
+        objects = manifests.items(self._paths)
+        by_kind: dict[str, list[RawObject | RawJson]] = defaultdict(list)
         for obj in objects:
-            by_kind[str(obj.get("kind"))].append(obj)
+            by_kind[obj.kind if isinstance(obj, RawJson) else str(obj.get("kind"))].append(obj)
         for kind in (SERVICE, SLICE, NODE):
             self._sink.replace(kind, by_kind.get(kind, []))
         self._seen = seen

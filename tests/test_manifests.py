@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipvsproxy import cli, manifests
+from ipvsproxy.api import RawJson
 from ipvsproxy.errors import ConfigError
 
 
@@ -97,6 +98,55 @@ def test_json_is_not_parsed_as_yaml(tmp_path, monkeypatch):
     path = tmp_path / "s.json"
     path.write_text('\ufeff{"kind": "Service", "metadata": {"name": "a"}}')  # a BOM too
     assert names(manifests.load([path])) == [("Service", "a")]
+
+
+LIST_SHAPES = {
+    "kubectl's List": {
+        "kind": "List",
+        "items": [
+            {"kind": "Service", "metadata": {"name": "a"}, "spec": {"x": [1, 2.5, None, True]}},
+            {"kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v\u00e9"}},
+        ],
+    },
+    "an empty List": {"kind": "List", "items": None},
+    "a typed list (items without kind)": {"kind": "ServiceList", "items": [{"metadata": {}}]},
+    "a nested List": {"kind": "List", "items": [{"kind": "List", "items": [{"kind": "Node"}]}]},
+    "a List with an item not an object": {"kind": "List", "items": [{"kind": "Node"}, 5]},
+    "a List of kind not a string": {"kind": 5, "items": []},
+    "a single object": {"kind": "Service", "metadata": {"name": "a"}},
+}
+
+
+@pytest.mark.parametrize("doc", LIST_SHAPES.values(), ids=LIST_SHAPES.keys())
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+def test_json_list_items_come_as_their_text_and_decode_as_json_reads_them(tmp_path, doc, bom):
+    """A JSON List whose items name their kind comes as each item's text (the tracker
+    decodes what it reads of it: sync/wire.py); every other document as before. Either
+    way load() gives what json.loads gives."""
+    path = tmp_path / "objects.json"
+    path.write_text(bom + json.dumps(doc))
+    try:
+        want = list(manifests._expand(doc, "x"))
+    except ConfigError:
+        with pytest.raises(ConfigError, match="objects.json"):
+            manifests.load([path])
+        return
+    assert manifests.load([path]) == want
+    items = manifests.items([path])
+    listed = isinstance(doc["kind"], str) and doc["kind"] == "List"
+    listed = listed and all(isinstance(i, dict) and "kind" in i for i in doc["items"] or ())
+    listed = listed and not any(i["kind"].endswith("List") for i in doc["items"] or ())
+    assert all(isinstance(i, RawJson) for i in items) == listed
+    if listed:
+        texts = [i for i in items if isinstance(i, RawJson)]
+        assert [(i.kind, i.decoded()) for i in texts] == [(o["kind"], o) for o in want]
+
+
+def test_an_invalid_json_list_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "objects.json"
+    path.write_text('{"kind": "List", "items": [{"kind": "Service"}, NaN')
+    with pytest.raises(ConfigError, match="objects.json: invalid JSON"):
+        manifests.items([path])
 
 
 def test_yaml_uses_libyaml_when_present():

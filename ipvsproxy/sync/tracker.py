@@ -17,7 +17,7 @@ them (full resyncs, `diff`).
 `synced()` is the guard against a partial view: until every required kind has listed once,
 nothing may be programmed, or a restart would delete rules for objects not yet seen.
 
-Imports: api, the standard library.
+Imports: api, sync.wire, the standard library.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ipvsproxy.api import (
     EndpointSliceView,
     Malformed,
     NodeView,
+    RawJson,
     RawObject,
     Ref,
     ServiceView,
@@ -39,6 +40,7 @@ from ipvsproxy.api import (
     parse_service,
     parse_slice,
 )
+from ipvsproxy.sync.wire import parsed_json
 
 SERVICE, SLICE, NODE = "Service", "EndpointSlice", "Node"
 
@@ -76,15 +78,27 @@ class Parsed:
     trigger: str = ""  # the TRIGGER_TIME annotation of a slice
 
 
-def parse(kind: str, obj: RawObject) -> Parsed:
+def parse(kind: str, obj: RawObject | RawJson) -> Parsed:
     """Parse a raw object of `kind` (pure; a watcher may call it before handing it over, so
-    a large list never holds every raw object at once)."""
+    a large list never holds every raw object at once). JSON text is decoded straight into
+    its view where sync/wire.py can, else decoded whole and parsed as any object."""
+    view: View | None = None
+    if isinstance(obj, RawJson):
+        fast = parsed_json(kind, obj.data)
+        if fast is not None:
+            obj, view = fast
+        else:
+            try:
+                obj = obj.decoded()
+            except (ValueError, RecursionError) as exc:
+                return Parsed(("", ""), None, f"skipping {kind}: invalid JSON: {exc}")
     if not isinstance(obj, Mapping):
         kind_of = type(obj).__name__
         return Parsed(("", ""), None, f"skipping {kind}: expected an object, got {kind_of}")
     key = _key(obj)
     try:
-        view = _PARSERS[kind](obj)
+        if view is None:
+            view = _PARSERS[kind](obj)
     except Malformed as exc:  # the only error the parsers raise (tests/test_api_fuzz.py)
         return Parsed(key, None, f"skipping malformed {kind} {describe(obj)}: {exc}")
     trigger = (_annotation(obj, TRIGGER_TIME) or "") if kind == SLICE else ""
@@ -127,7 +141,7 @@ class Tracker:
 
     # ---- feeding (watcher threads) ----------------------------------------------------------
 
-    def replace(self, kind: str, objects: Iterable[RawObject | Parsed]) -> None:
+    def replace(self, kind: str, objects: Iterable[RawObject | RawJson | Parsed]) -> None:
         """A complete list of `kind` (raw, or already `parse()`d): what was not listed is gone."""
         fresh = {}
         for obj in objects:
