@@ -288,15 +288,18 @@ def _virtual_server(
 
 def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Backends:
     """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
-    found: dict[tuple[IPAddress, int], EndpointView] = {}
+    # keyed by the address's class and integer: an IPv4Address's own hash is Python code
+    # (hash(hex(int))), and this runs for every endpoint of every port of a full translation
+    found: dict[tuple[type, int, int], EndpointView] = {}
     for s in slices:
         numbers = [p.port for p in s.ports if p.name == port.name and p.protocol == port.protocol]
         for number in numbers[:1]:
             for ep in s.endpoints:
-                seen = found.get((ep.address, number))
+                key = (type(ep.address), ep.address._ip, number)  # type: ignore[union-attr]
+                seen = found.get(key)
                 if seen is None or (ep.ready and not seen.ready):  # a duplicate: prefer ready
-                    found[(ep.address, number)] = ep
-    return [(ep, number) for (_, number), ep in found.items()]
+                    found[key] = ep
+    return [(ep, number) for (_, _, number), ep in found.items()]
 
 
 def local_ready_endpoints(
