@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ipvsproxy.companion.ipset import PROTOCOL_NUMBERS, SetCommand
 from ipvsproxy.companion.nlread import (
+    _ATTR,
     ATTR_ADT,
     ATTR_CIDR,
     ATTR_CIDR2,
@@ -136,6 +137,14 @@ def encode_entry(entry: str) -> bytes:
     protocol named or numbered) -> the attributes inside its IPSET_ATTR_DATA, in the tool's
     order (lineno excluded)."""
     parts = entry.split(",")
+    if len(parts) > 1 and "/" not in entry and ":" not in parts[0]:
+        fast = _ipv4_entry(parts)
+        if fast is not None:
+            return fast
+    return _any_entry(parts)
+
+
+def _any_entry(parts: list[str]) -> bytes:
     out, cidr = _address(ATTR_IP, parts[0])
     if cidr is not None:
         out += _attr(ATTR_CIDR, bytes([cidr]))
@@ -149,6 +158,32 @@ def encode_entry(entry: str) -> bytes:
         out += second
         if cidr is not None:
             out += _attr(ATTR_CIDR2, bytes([cidr]))
+    return out
+
+
+# The attribute headers of an IPv4 entry without a prefix length (`ip,proto:port[,ip2]`:
+# nearly every entry ipvsproxy writes, 5,500 in a cold sync at 1000x10), so that such an
+# entry is a few concatenations instead of a dozen calls (`encode_entry`'s general path,
+# which tests/companion/test_nlwrite.py checks it against).
+_V4_IP = _ATTR.pack(12, ATTR_IP | NLA_F_NESTED) + _ATTR.pack(8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER)
+_V4_IP2 = _ATTR.pack(12, ATTR_IP2 | NLA_F_NESTED) + _ATTR.pack(8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER)
+_PORT = _ATTR.pack(6, ATTR_PORT | NLA_F_NET_BYTEORDER)
+_PROTO = _ATTR.pack(5, ATTR_PROTO)
+
+
+def _ipv4_entry(parts: list[str]) -> bytes | None:
+    """`encode_entry` of an IPv4 `ip,proto:port[,ip2]` entry; None for any other shape."""
+    proto, _, port = parts[1].rpartition(":")
+    number = PROTOCOL_NUMBERS.get(proto)
+    if number is None or len(parts) > 3 or not (port.isascii() and port.isdigit()):
+        return None
+    try:
+        out = _V4_IP + socket.inet_pton(socket.AF_INET, parts[0])
+        out += _PORT + int(port).to_bytes(2, "big") + b"\0\0" + _PROTO + bytes((number, 0, 0, 0))
+        if len(parts) == 3:
+            out += _V4_IP2 + socket.inet_pton(socket.AF_INET, parts[2])
+    except (OSError, OverflowError):
+        return None
     return out
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from ipvsproxy.companion import nlwrite
 from ipvsproxy.companion.ipset import SetChange, SetCommand, set_commands
 from ipvsproxy.companion.kernel import Companion, CompanionPlan
 from ipvsproxy.companion.nlread import _attrs
@@ -206,3 +209,29 @@ def test_a_companion_with_a_writer_runs_no_ipset_process():
         [SetCommand("destroy", "IPVSPROXY-OLD")],
         set_commands([change]),
     ]
+
+
+V4 = st.ip_addresses(v=4).map(str)
+ENTRY_PARTS = st.tuples(
+    V4 | st.sampled_from(["10.0.0.1", "fd00::1", "10.0.0.0/8", "10.0.0.01", "x"]),
+    st.sampled_from(["tcp", "udp", "sctp", "6", "TCP", ""]),
+    st.integers(0, 70000).map(str) | st.sampled_from(["²", "", "-1", "080"]),
+    st.none() | V4 | st.sampled_from(["10.0.0.0/24", "fd00::/64", "y"]),
+)
+
+
+@given(ENTRY_PARTS)
+def test_the_ipv4_shortcut_encodes_as_the_general_path(parts):
+    """encode_entry's shortcut for `ip,proto:port[,ip2]` (nearly every entry written) gives
+    the general path's bytes, and leaves every other shape (or refusal) to it."""
+    address, proto, port, second = parts
+    text = f"{address},{proto}:{port}" + (f",{second}" if second is not None else "")
+    try:
+        want: bytes | type[Exception] = nlwrite._any_entry(text.split(","))
+    except (ValueError, struct.error, OverflowError) as exc:
+        want = type(exc)
+    try:
+        got: bytes | type[Exception] = encode_entry(text)
+    except (ValueError, struct.error, OverflowError) as exc:
+        got = type(exc)
+    assert got == want
