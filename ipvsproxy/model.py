@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
+from socket import inet_ntoa
 
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.schedulers import SchedFlag, Scheduler
@@ -335,6 +336,14 @@ def vs_order(key: VSKey) -> tuple[int, int, int, int, int]:
 def rs_order(key: RSKey) -> tuple[int, int, int]:
     """Sort key for real servers (see vs_order)."""
     return key.address.version, int(key.address), key.port
+
+
+def address_text(address: IPAddress) -> str:
+    """str(address), an IPv4 one in C (its own __str__ is Python code: every set entry
+    ipvsproxy writes names one or two addresses, 7,000 in a cold sync at 1000x10)."""
+    if type(address) is IPv4Address:
+        return inet_ntoa(address._ip.to_bytes(4, "big"))  # type: ignore[attr-defined]
+    return str(address)
 
 
 def host_port(address: IPAddress, port: int) -> str:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ipvsproxy import model
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.model import (
     EMPTY,
@@ -109,3 +110,8 @@ def test_equal_destination_keys_hash_equal_and_others_stay_apart(address, port):
     assert len(table) == 6
     if key in table:
         assert table[key] == (address, port)
+
+
+@given(st.ip_addresses())
+def test_address_text_is_str(address):
+    assert model.address_text(address) == str(address)

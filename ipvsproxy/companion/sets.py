@@ -27,7 +27,15 @@ from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_network
 
-from ipvsproxy.model import IPAddress, IPNetwork, IpvsState, Proto, RSKey, VSKey
+from ipvsproxy.model import (
+    IPAddress,
+    IPNetwork,
+    IpvsState,
+    Proto,
+    RSKey,
+    VSKey,
+    address_text,
+)
 from ipvsproxy.policy import Frontend, FrontendPolicy, Masquerade, frontend_policy
 from ipvsproxy.sync.desired import Access
 
@@ -116,14 +124,14 @@ def _entries(
 ) -> Iterator[tuple[SetSpec, str]]:
     """The set entries one virtual server contributes."""
     proto = _proto(key.proto)
-    ip_port = f"{key.address},{proto}:{key.port}"
+    ip_port = f"{address_text(key.address)},{proto}:{key.port}"
     if policy.frontend is Frontend.CLUSTER_IP:
         yield CLUSTER_IP, ip_port  # masqueraded as the node policy says (rules.py)
     elif policy.masquerade is Masquerade.ALWAYS:
         yield (NODE_PORT if policy.frontend is Frontend.NODE_PORT else EXTERNAL_IP), ip_port
     if policy.port_filter:
         yield SERVICE_PORTS, ip_port
-        yield VIPS, str(key.address)
+        yield VIPS, address_text(key.address)
     if policy.firewalled:  # LoadBalancer frontends only: others are never filtered
         yield LB_FW, ip_port
         for net in policy.allowed(key.address.version):
@@ -131,7 +139,8 @@ def _entries(
                 yield LB_SOURCE, f"{ip_port},{_net(part)}"
     for rs in dests:
         if rs.address in local:  # kube-proxy: a hairpin can only start on the pod's node
-            yield LOOP_BACK, f"{rs.address},{proto}:{rs.port},{rs.address}"
+            address = address_text(rs.address)
+            yield LOOP_BACK, f"{address},{proto}:{rs.port},{address}"
 
 
 def _splittable(net: IPNetwork) -> list[IPNetwork]:
