@@ -40,6 +40,7 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
+    destination,
 )
 from ipvsproxy.schedulers import Choice, resolve
 
@@ -226,7 +227,7 @@ def translate_service(
                 usable = eps.local or eps.cluster  # kube-proxy PR 97081: pods here still reach it
                 if not eps.local and eps.has_any:
                     no_local.update(_fell_back(svc, external_local, front.address.version))
-            dests = {rs.key: rs for rs in (RealServer(RSKey(ep.address, n)) for ep, n in usable)}
+            dests = {rs.key: rs for rs in (destination(ep.address, n) for ep, n in usable)}
             entries[vs.key] = Entry(vs, dests, front.bind, origin, access)
     return Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
 
