@@ -26,7 +26,7 @@ from ipvsproxy.companion.ipset import (
     maxelem_for,
     too_small,
 )
-from ipvsproxy.companion.sets import Entry, SetState, all_sets, entries_for
+from ipvsproxy.companion.sets import Entry, Local, SetState, all_sets, entries_for
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
 from ipvsproxy.sync.desired import Access
 
@@ -79,6 +79,7 @@ class SetIndex:
         local: Container[IPAddress],
     ) -> None:
         """`update()` each of `keys` from the synced state (gone from it: removed)."""
+        local = Local.of(local)
         for key in keys:
             if key not in state.services:
                 self.update(key, ())
