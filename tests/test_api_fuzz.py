@@ -342,8 +342,8 @@ def test_the_complete_objects_parse(kind):
 FIELDS = [(kind, path) for kind, obj in OBJECTS.items() for path in positions(obj)]
 # One value of each shape, tried in every field (hypothesis may not draw each one there).
 EDGES = [ABSENT, None, True, False, 0, -1, 80, 2**64, 1.5, float("nan"), "", "x", "²", "٣",
-         "80", "10.96.0.10", "fd00::1", [], [None], ["x"], [{}], {}, {"x": 1}, {1: "x"},
-         {"ip": None}, b"\x00", dt.date(2024, 1, 1), {"a"}]  # fmt: skip
+         "80", "10.96.0.10", "fd00::1", "10.0.0.1\x00", [], [None], ["x"], [{}], {}, {1: "x"},
+         {"x": 1}, {"ip": None}, b"\x00", dt.date(2024, 1, 1), {"a"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("value", EDGES, ids=repr)

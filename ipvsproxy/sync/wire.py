@@ -139,7 +139,7 @@ def _endpoints(items: list[_Endpoint] | tuple[()], version: int) -> tuple[Endpoi
         if version == 4 and ":" not in text:
             try:  # api._ip's IPv4 path, without its checks of what msgspec checked
                 address: IPAddress = ipv4_from_packed(inet_pton(AF_INET, text))
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a NUL in the text
                 return None
         else:
             address = parse_ip(text)
