@@ -490,11 +490,13 @@ def _reusing(contribution: Contribution, index: DesiredIndex) -> Contribution:
     grew the heap by a quarter in 3 minutes before every Service had been touched; flat at
     1,000). Equal objects shared, the planner's comparisons also hit the identity fast path."""
     entries: dict[VSKey, Entry] = {}
+    shared = False
     for key, entry in contribution.entries.items():
         held, vs = index.dests.get(key), index.services.get(key)
         if held is None or vs is None:
             entries[key] = entry
             continue
+        shared = True
         dests = {}
         for rs in entry.dests.values():
             old = held.get(rs.key)
@@ -504,6 +506,8 @@ def _reusing(contribution: Contribution, index: DesiredIndex) -> Contribution:
         if vs != entry.vs:
             vs = entry.vs
         entries[vs.key] = replace(entry, vs=vs, dests=dests)
+    if not shared:  # a new Service (every one in a first sync): nothing held to share
+        return contribution
     return replace(contribution, entries=entries)
 
 
