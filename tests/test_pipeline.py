@@ -11,7 +11,9 @@ import threading
 from typing import Any
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ipvsproxy import pipeline as pipeline_module
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.sets import wanted
 from ipvsproxy.config import Config
@@ -242,3 +244,75 @@ def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, 
         {key: dict(dests) for key, dests in kernel.dests.items()},
         set(kernel.bound),
     )
+
+
+# ---- a large full pass: the table recorded while the operations go out ---------------------
+
+
+class WaitsForRecording(FakeKernel):
+    """A FakeKernel whose apply waits until the pipeline has started recording the plan in
+    its table (a pipeline recording after the write makes it wait in vain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recording = threading.Event()
+        self.met: list[str] = []
+
+    def apply(self, plan: Any, *, names: Any = None) -> Any:
+        self.met.append("alongside" if self.recording.wait(WAIT) else "alone")
+        return super().apply(plan, names=names)
+
+
+def _table_of(pipeline: Pipeline) -> Any:
+    table = pipeline.table
+    return table.services, table.dests, table.bound
+
+
+def _kernel_of(kernel: FakeKernel) -> Any:
+    state = kernel.observe()
+    return (
+        dict(state.services),
+        {key: dict(dests) for key, dests in state.dests.items()},
+        set(state.bound),
+    )
+
+
+def test_a_large_full_pass_records_its_table_while_the_operations_go_out(monkeypatch):
+    monkeypatch.setattr(pipeline_module, "OPTIMISTIC_RECORD", 1)
+    kernel = WaitsForRecording()
+    pipeline = Pipeline(kernel=kernel, config=CONFIG)
+    advance = pipeline.table.advance
+
+    def recording(ops: Any) -> None:
+        kernel.recording.set()
+        advance(ops)
+
+    pipeline.table.advance = recording  # type: ignore[method-assign]
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(3))
+    assert pipeline.sync(tracker.take(), full=True).ok
+    assert kernel.met == ["alongside"]
+    assert _table_of(pipeline) == _kernel_of(kernel)
+
+
+@settings(max_examples=50, deadline=None)
+@given(refused=st.sets(st.integers(0, 40), max_size=6))
+def test_a_full_pass_with_refused_operations_records_only_what_the_kernel_took(refused):
+    """Recorded while written, then the kernel refuses some: the table is what it holds."""
+    pipeline_module.OPTIMISTIC_RECORD, was = 1, pipeline_module.OPTIMISTIC_RECORD
+    try:
+        kernel = FakeKernel()
+        pipeline = Pipeline(kernel=kernel, config=CONFIG)
+        tracker = Tracker(node_name="node-a")
+        feed(tracker, objects(4))
+        pipeline.feed(tracker.take())
+        planned = pipeline.plan(full=True)
+        ops = planned.ipvs.plan
+        for index in refused:
+            if index < len(ops):
+                kernel.errors[ops[index]] = KernelError("refused")
+        result = pipeline.apply(planned)
+        assert result.sync.report.failures or not any(i < len(ops) for i in refused)
+        assert _table_of(pipeline) == _kernel_of(kernel)
+    finally:
+        pipeline_module.OPTIMISTIC_RECORD = was
