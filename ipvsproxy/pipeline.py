@@ -367,7 +367,7 @@ class Pipeline:
             return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
 
         companion_work: _Written | None = None
-        gone: list[tuple[VSKey, RSKey | None]] = []
+        gone: Gone = []
         if planned.full and ipvs.plan and planned.companion and self.companion is not None:
             # a full pass's two writes go out together (overlap.py): a cold sync's companion
             # step is mostly `iptables-restore` and netlink round trips, the IPVS one mostly
@@ -376,13 +376,11 @@ class Pipeline:
             # UDP flows to forget) is done while the companion's restore still runs.
             # Partial passes are small: one after the other.
             with alongside(lambda: self._timed_companion(planned), name="companion") as done:
-                result, failed = self._written(write_ipvs, ipvs, full=True)
-                gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)
+                result, failed, gone = self._written(write_ipvs, ipvs, full=True, forget=True)
                 companion_work = done.result()
         else:
-            result, failed = self._written(write_ipvs, ipvs, full=planned.full)
-            if self.companion is not None:
-                gone = udp_gone(ipvs.plan, failed, before=ipvs.observed)  # and first endpoints
+            forget = self.companion is not None
+            result, failed, gone = self._written(write_ipvs, ipvs, full=planned.full, forget=forget)
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
         refused = self.refusals.record(result.report.failures, planned.names)
@@ -421,30 +419,35 @@ class Pipeline:
         )
 
     def _written(
-        self, write: Callable[[], SyncResult], ipvs: Planned, *, full: bool
-    ) -> tuple[SyncResult, set[Op]]:
-        """The IPVS operations written, and the table advanced by what the kernel took; the
-        result, and the operations it refused. A large full pass advances its table (just
-        seeded from the observation) by the whole plan while the operations go out
-        (overlap.py: the kernel's work on them is a wait; 14,200 operations in the VM: 0.12 s
-        of recording otherwise after it); in a pass where the kernel refused any, the table
-        is seeded again and advanced by what it took, as a partial pass's always is."""
+        self, write: Callable[[], SyncResult], ipvs: Planned, *, full: bool, forget: bool
+    ) -> tuple[SyncResult, set[Op], Gone]:
+        """The IPVS operations written, and the table advanced by what the kernel took: the
+        result, the operations it refused, and (`forget`) the UDP flows to forget. A large
+        full pass records its plan (the table just seeded from the observation) and finds
+        those flows while the operations go out (overlap.py: the kernel's work on them is a
+        wait; 14,200 operations in the VM: 0.17 s otherwise after it); in a pass where the
+        kernel refused any, both are done again from the observation and what it took."""
+
+        def record(failed: set[Op]) -> Gone:
+            self.table.advance(_applied(ipvs.plan, failed))
+            return udp_gone(ipvs.plan, failed, before=ipvs.observed) if forget else []
+
         if not full or len(ipvs.plan) < OPTIMISTIC_RECORD:
             result = write()
             failed = {failure.op for failure in result.report.failures}
-            self.table.advance(_applied(ipvs.plan, failed))
+            gone = record(failed)
         else:
-            with alongside(lambda: self.table.advance(ipvs.plan), name="table") as advanced:
+            with alongside(lambda: record(set()), name="record") as recorded:
                 result = write()
-            advanced.result()
+            gone = recorded.result()
             failed = {failure.op for failure in result.report.failures}
             if failed:
                 self.table.seed(ipvs.observed)
-                self.table.advance(_applied(ipvs.plan, failed))
+                gone = record(failed)
         self._known -= {
             op.key for op in ipvs.plan if isinstance(op, DeleteService) and op not in failed
         }
-        return result, failed
+        return result, failed, gone
 
     def _refresh_fallback(self, keys: frozenset[VSKey]) -> None:
         """A partial pass on the fallback: a Service whose access changed with no IPVS
@@ -485,6 +488,8 @@ class Pipeline:
         self.feed(changes)
         return self.apply(self.plan(full=full))
 
+
+Gone = list[tuple[VSKey, RSKey | None]]  # conntrack.udp_gone(): UDP flows to forget
 
 # Plans at least this large (a first sync, a big change) have a full pass's table advanced
 # while they are written: below it a thread costs more than the recording.
