@@ -1,5 +1,5 @@
 """`python -m ipvsproxy` runs the command-line interface."""
 
-from ipvsproxy.cli import main
+from ipvsproxy.cli import entry
 
-main()
+entry()

@@ -5,6 +5,7 @@ having changed nothing; cleanup removes ipvsproxy's rules and nothing else."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -188,3 +189,23 @@ def test_diff_on_the_fallback_backend_then_cleanup(lab, tmp_path):
     assert "IPVSPX" not in after
     assert FOREIGN in after
     assert "nothing of ipvsproxy's found" in in_node(IPVSPROXY, "cleanup").stdout
+
+
+def test_a_one_shot_run_ends_its_process_with_its_output_and_status(lab, tmp_path):
+    """`run --once` ends the console script's process with os._exit (cli.finish): what it
+    printed and logged reaches the pipes (click.echo and the log handler flush each line;
+    finish flushes again), and the exit status is the run's."""
+    manifest = tmp_path / "cluster.yaml"
+    manifest.write_text(yaml.safe_dump_all(objects(lab, 2)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # pipes buffered
+    done = subprocess.run(
+        ["ip", "netns", "exec", NODE, IPVSPROXY, "run", "--once", "--manifests", str(manifest)]
+        + ["--backend", "iptables"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("applied "), done.stdout
+    assert done.stdout.endswith(" operations\n"), done.stdout
+    assert "sync done:" in done.stderr  # the log line, flushed before the end
