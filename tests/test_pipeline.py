@@ -8,6 +8,8 @@ final objects wants; a partial pass runs at most one `ipset restore` (and no obs
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from hypothesis import given, settings
@@ -295,27 +297,35 @@ def test_a_large_full_pass_records_its_table_while_the_operations_go_out(monkeyp
     assert _table_of(pipeline) == _kernel_of(kernel)
 
 
-@settings(max_examples=50, deadline=None)
-@given(refused=st.sets(st.integers(0, 40), max_size=6))
-def test_a_full_pass_with_refused_operations_records_only_what_the_kernel_took(refused):
-    """Recorded while written, then the kernel refuses some: the table is what it holds."""
+@contextmanager
+def refusing(objs: list[dict[str, Any]], refused: set[int]) -> Iterator[tuple[Any, ...]]:
+    """(kernel, pipeline, planned): a pipeline fed `objs` with its full pass planned, the
+    kernel refusing the operations at the indices in `refused`, every pass recording its
+    table while it writes (OPTIMISTIC_RECORD 1)."""
     pipeline_module.OPTIMISTIC_RECORD, was = 1, pipeline_module.OPTIMISTIC_RECORD
     try:
         kernel = FakeKernel()
         pipeline = Pipeline(kernel=kernel, config=CONFIG)
         tracker = Tracker(node_name="node-a")
-        feed(tracker, objects(4))
+        feed(tracker, objs)
         pipeline.feed(tracker.take())
         planned = pipeline.plan(full=True)
-        ops = planned.ipvs.plan
         for index in refused:
-            if index < len(ops):
-                kernel.errors[ops[index]] = KernelError("refused")
-        result = pipeline.apply(planned)
-        assert result.sync.report.failures or not any(i < len(ops) for i in refused)
-        assert _table_of(pipeline) == _kernel_of(kernel)
+            if index < len(planned.ipvs.plan):
+                kernel.errors[planned.ipvs.plan[index]] = KernelError("refused")
+        yield kernel, pipeline, planned
     finally:
         pipeline_module.OPTIMISTIC_RECORD = was
+
+
+@settings(max_examples=50, deadline=None)
+@given(refused=st.sets(st.integers(0, 40), max_size=6))
+def test_a_full_pass_with_refused_operations_records_only_what_the_kernel_took(refused):
+    """Recorded while written, then the kernel refuses some: the table is what it holds."""
+    with refusing(objects(4), refused) as (kernel, pipeline, planned):
+        result = pipeline.apply(planned)
+        assert result.sync.report.failures or not any(i < len(planned.ipvs.plan) for i in refused)
+        assert _table_of(pipeline) == _kernel_of(kernel)
 
 
 def udp_objects(n: int) -> list[dict[str, Any]]:
@@ -336,17 +346,8 @@ def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
     from ipvsproxy.companion.conntrack import udp_gone
     from ipvsproxy.sync.engine import apply_pass
 
-    pipeline_module.OPTIMISTIC_RECORD, was = 1, pipeline_module.OPTIMISTIC_RECORD
-    try:
-        kernel = FakeKernel()
-        pipeline = Pipeline(kernel=kernel, config=CONFIG)
-        tracker = Tracker(node_name="node-a")
-        feed(tracker, udp_objects(4))
-        pipeline.feed(tracker.take())
-        ipvs = pipeline.plan(full=True).ipvs
-        for index in refused:
-            if index < len(ipvs.plan):
-                kernel.errors[ipvs.plan[index]] = KernelError("refused")
+    with refusing(udp_objects(4), refused) as (kernel, pipeline, planned):
+        ipvs = planned.ipvs
         pipeline.table.seed(ipvs.observed)
         result, failed, gone = pipeline._written(
             lambda: apply_pass(kernel, ipvs, names={}), ipvs, full=True, forget=True
@@ -355,5 +356,3 @@ def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
         assert gone == udp_gone(ipvs.plan, failed, before=ipvs.observed)
         assert len(gone) == len({key for key, _ in gone}) <= 4
         assert len(gone) == 4 or failed
-    finally:
-        pipeline_module.OPTIMISTIC_RECORD = was
