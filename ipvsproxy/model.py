@@ -167,11 +167,15 @@ class RealServer:
 
 Dests = Mapping[RSKey, RealServer]
 
-_key_address, _key_port = RSKey.__dict__["address"].__set__, RSKey.__dict__["port"].__set__
-_rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = (
+# The slot descriptors' setters of RSKey and RealServer, in field order: objects built
+# through them skip the generated __init__ (here and in netlink/fast.py's decoder).
+RSKEY_SETTERS = tuple(RSKey.__dict__[name].__set__ for name in ("address", "port"))
+REAL_SERVER_SETTERS = tuple(
     RealServer.__dict__[name].__set__
     for name in ("key", "weight", "forward", "upper_threshold", "lower_threshold")
 )
+_key_address, _key_port = RSKEY_SETTERS
+_rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = REAL_SERVER_SETTERS
 
 
 def destination(address: IPAddress, port: int) -> RealServer:
@@ -376,6 +380,12 @@ def vs_order(key: VSKey) -> tuple[int, int, int, int, int]:
 def rs_order(key: RSKey) -> tuple[int, int, int]:
     """Sort key for real servers (see vs_order)."""
     return key.address.version, int(key.address), key.port
+
+
+def address_key(address: IPAddress) -> tuple[type, int]:
+    """What tells addresses apart, hashed in C: an IPAddress's own hash is Python code
+    (hash(hex(int))), and a full pass looks up every endpoint's address. Hot loops inline it."""
+    return type(address), address._ip  # type: ignore[union-attr]
 
 
 def address_text(address: IPAddress) -> str:

@@ -34,6 +34,7 @@ from ipvsproxy.model import (
     Proto,
     RSKey,
     VSKey,
+    address_key,
     address_text,
 )
 from ipvsproxy.policy import Frontend, FrontendPolicy, Masquerade, frontend_policy
@@ -108,7 +109,7 @@ class Local:
     __slots__ = ("ids",)
 
     def __init__(self, addresses: Iterable[IPAddress]) -> None:
-        self.ids = frozenset(_address_id(a) for a in addresses)
+        self.ids = frozenset(address_key(a) for a in addresses)
 
     @classmethod
     def of(cls, addresses: Container[IPAddress]) -> Local:
@@ -117,11 +118,7 @@ class Local:
         return cls(addresses)  # type: ignore[arg-type]  # every caller's is also iterable
 
     def __contains__(self, address: object) -> bool:
-        return _address_id(address) in self.ids  # type: ignore[arg-type]
-
-
-def _address_id(address: IPAddress) -> tuple[type, int]:
-    return type(address), address._ip  # type: ignore[union-attr]
+        return address_key(address) in self.ids  # type: ignore[arg-type]
 
 
 def entries_for(
@@ -163,7 +160,7 @@ def _entries(
             for part in _splittable(net):
                 yield LB_SOURCE, f"{ip_port},{_net(part)}"
     for rs in dests:  # kube-proxy: a hairpin can only start on the pod's node
-        if (type(rs.address), rs.address._ip) in local:  # type: ignore[union-attr]  # Local
+        if (type(rs.address), rs.address._ip) in local:  # type: ignore[union-attr]  # address_key
             address = address_text(rs.address)
             yield LOOP_BACK, f"{address},{proto}:{rs.port},{address}"
 

@@ -30,6 +30,8 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from ipvsproxy.model import (
+    REAL_SERVER_SETTERS,
+    RSKEY_SETTERS,
     AddDest,
     AddService,
     DeleteDest,
@@ -499,8 +501,8 @@ _RS_FIELDS = ("key", "weight", "forward", "upper_threshold", "lower_threshold")
 _VS_KEY_FIELDS = ("address", "port", "proto", "fwmark")
 _VS_FIELDS = ("key", "scheduler", "flags", "timeout_s")
 _check_fields()
-_rs_key_address, _rs_key_port = _slot(RSKey, "address"), _slot(RSKey, "port")
-_rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = (_slot(RealServer, n) for n in _RS_FIELDS)
+_rs_key_address, _rs_key_port = RSKEY_SETTERS
+_rs_key, _rs_weight, _rs_forward, _rs_upper, _rs_lower = REAL_SERVER_SETTERS
 
 _ipv4 = ipv4_from_packed  # model.py: an address through its one slot
 

@@ -289,8 +289,7 @@ def _virtual_server(
 
 def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Backends:
     """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
-    # keyed by the address's class and integer: an IPv4Address's own hash is Python code
-    # (hash(hex(int))), and this runs for every endpoint of every port of a full translation
+    # keyed by model.address_key (inlined): every endpoint of every port of a translation
     found: dict[tuple[type, int, int], EndpointView] = {}
     for s in slices:
         numbers = [p.port for p in s.ports if p.name == port.name and p.protocol == port.protocol]
