@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import enum
 import socket
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 from socket import inet_ntoa
+from typing import Protocol
 
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.schedulers import SchedFlag, Scheduler
@@ -195,8 +196,41 @@ def destination(address: IPAddress, port: int) -> RealServer:
     return rs
 
 
+class Addressed(Protocol):
+    """Anything with an address (an endpoint view): what `destinations()` reads."""
+
+    @property
+    def address(self) -> IPAddress: ...
+
+
+def destinations(pairs: Iterable[tuple[Addressed, int]]) -> dict[RSKey, RealServer]:
+    """{key: RealServer(key)} for each (endpoint, port number), keys RSKey(address, port):
+    `destination()` inlined in one loop (a translation's innermost one, 12,000 turns at
+    1000x10, where the call and a generator per virtual server cost a third of it)."""
+    out: dict[RSKey, RealServer] = {}
+    new, masq = object.__new__, Forward.MASQ
+    set_address, set_port, set_key, set_weight = _key_address, _key_port, _rs_key, _rs_weight
+    set_forward, set_upper, set_lower = _rs_forward, _rs_upper, _rs_lower
+    for holder, port in pairs:
+        key = new(RSKey)
+        set_address(key, holder.address)
+        set_port(key, port)
+        rs = new(RealServer)
+        set_key(rs, key)
+        set_weight(rs, 1)
+        set_forward(rs, masq)
+        set_upper(rs, 0)
+        set_lower(rs, 0)
+        out[key] = rs
+    return out
+
+
 def _check_destination() -> None:
     sample = IPv4Address("192.0.2.1")
+    if destinations([(RSKey(sample, 80), 81)]) != {  # pragma: no cover
+        RSKey(sample, 81): RealServer(RSKey(sample, 81))
+    }:
+        raise ImportError("model.destinations no longer builds what RealServer(RSKey()) does")
     if destination(sample, 80) != RealServer(RSKey(sample, 80)):  # pragma: no cover
         raise ImportError("model.destination no longer builds what RealServer(RSKey()) does")
     if tuple(f.name for f in fields(RealServer)) != (  # pragma: no cover
@@ -262,6 +296,34 @@ class DeleteService:
 class AddDest:
     service: VSKey
     rs: RealServer
+
+
+_add_service, _add_rs = (AddDest.__dict__[name].__set__ for name in ("service", "rs"))
+
+
+def add_dests(service: VSKey, servers: Iterable[RealServer]) -> list[AddDest]:
+    """`[AddDest(service, rs) for rs in servers]` through the slot descriptors (as
+    `destinations()`): a first sync plans one for every destination, 12,000 at 1000x10.
+    Checked against the constructor at import."""
+    out = []
+    new, set_service, set_rs = object.__new__, _add_service, _add_rs
+    for rs in servers:
+        op = new(AddDest)
+        set_service(op, service)
+        set_rs(op, rs)
+        out.append(op)
+    return out
+
+
+def _check_add_dests() -> None:
+    key = VSKey(IPv4Address("192.0.2.1"), 80, Proto.TCP)
+    rs = RealServer(RSKey(IPv4Address("192.0.2.2"), 8))
+    names = [f.name for f in fields(AddDest)]
+    if add_dests(key, [rs]) != [AddDest(key, rs)] or names != ["service", "rs"]:  # pragma: no cover
+        raise ImportError("model.add_dests no longer builds what AddDest() does")
+
+
+_check_add_dests()
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,7 +142,10 @@ def resolve(annotations: Mapping[str, str], default: Scheduler) -> Choice:
     scheduler without flags and carries a warning naming the bad value.
     """
     raw_name = annotations.get(SCHEDULER_ANNOTATION)
-    raw_flags = annotations.get(FLAGS_ANNOTATION, "")
+    raw_flags = annotations.get(FLAGS_ANNOTATION)
+    if raw_name is None and raw_flags is None and default is not Scheduler.MH:
+        return Choice(default)  # most Services: parse_flags(default, "") is no flag
+    raw_flags = raw_flags or ""
     scheduler = default
     if raw_name is not None:
         try:

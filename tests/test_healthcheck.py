@@ -160,6 +160,23 @@ def test_health_checks_count_local_ready_endpoints_per_port():
     assert pipeline.health_checks == {"default/web": (32001, 2)}  # 1 endpoint x 2 ports
 
 
+def test_an_endpoint_listed_twice_counts_once_in_one_slice_or_two():
+    """kube-proxy keys endpoints by address: a hand-made slice listing one twice (or two
+    slices listing it) gives one local ready endpoint, in any order of ready and not."""
+    layouts = {
+        "one slice": [slice_(endpoints=[ep("10.244.0.1"), ep("10.244.0.1")])],
+        "one slice, not ready first": [
+            slice_(endpoints=[ep("10.244.0.1", ready=False), ep("10.244.0.1")])
+        ],
+        "two slices": [
+            slice_(name="web-1", endpoints=[ep("10.244.0.1")]),
+            slice_(name="web-2", endpoints=[ep("10.244.0.1")]),
+        ],
+    }
+    for layout, slices in layouts.items():
+        assert fed(lb(), *slices).health_checks == {"default/web": (32001, 1)}, layout
+
+
 def test_a_service_gone_or_changed_leaves_the_health_checks():
     tracker = Tracker(node_name="node-a")
     tracker.replace(SERVICE, [lb()])

@@ -40,7 +40,7 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
-    destination,
+    destinations,
 )
 from ipvsproxy.schedulers import Choice, resolve
 
@@ -192,13 +192,14 @@ def translate_service(
     no_local: set[NoLocal] = set()
     external_local = svc.external_local and _externally_accessible(svc)
     cluster_used, local_used = _uses(svc)
+    flags = _flags(choice, svc)
     for port in svc.ports:
         backends = _backends(slices, port)
-        local.update(
+        local |= {
             ep.address
             for ep, _ in backends
             if ep.node_name == node.name and ep.address.version in families
-        )
+        }
         origin = f"{svc.ref}:{port.name or port.port}"
         by_family = {
             v: categorize_endpoints(
@@ -210,7 +211,12 @@ def translate_service(
             for v in families
         }
         for front in _frontends(svc, port, node, config):
-            vs = _virtual_server(front, port, svc, choice)
+            vs = VirtualServer(
+                VSKey(front.address, front.port, port.protocol),
+                scheduler=choice.scheduler,
+                flags=flags,
+                timeout_s=svc.affinity_timeout,
+            )
             seen = entries.get(vs.key)
             if seen is not None:
                 if seen.origin != origin:  # the same Service listing an IP twice is harmless
@@ -227,8 +233,7 @@ def translate_service(
                 usable = eps.local or eps.cluster  # kube-proxy PR 97081: pods here still reach it
                 if not eps.local and eps.has_any:
                     no_local.update(_fell_back(svc, external_local, front.address.version))
-            dests = {rs.key: rs for rs in (destination(ep.address, n) for ep, n in usable)}
-            entries[vs.key] = Entry(vs, dests, front.bind, origin, access)
+            entries[vs.key] = Entry(vs, destinations(usable), front.bind, origin, access)
     return Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
 
 
@@ -273,32 +278,36 @@ def _frontends(
                 )
 
 
-def _virtual_server(
-    front: _Frontend, port: ServicePortView, svc: ServiceView, choice: Choice
-) -> VirtualServer:
+def _flags(choice: Choice, svc: ServiceView) -> ServiceFlags:
+    """The IPVS flags of every virtual server of a Service: its scheduler's, and persistence
+    for session affinity."""
     flags = ServiceFlags(int(choice.flags))
     if svc.affinity_timeout:
         flags |= ServiceFlags.PERSISTENT
-    return VirtualServer(
-        VSKey(front.address, front.port, port.protocol),
-        scheduler=choice.scheduler,
-        flags=flags,
-        timeout_s=svc.affinity_timeout,
-    )
+    return flags
 
 
 def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Backends:
     """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
     # keyed by model.address_key (inlined): every endpoint of every port of a translation
+    name, protocol = port.name, port.protocol
+    matched = [
+        (s, numbers[0])
+        for s in slices
+        if (numbers := [p.port for p in s.ports if p.name == name and p.protocol == protocol])
+    ]
+    if len(matched) == 1:  # one slice (most Services): a duplicate-free one is taken as it is
+        ((s, number),) = matched
+        unique = {(type(ep.address), ep.address._ip) for ep in s.endpoints}  # type: ignore[union-attr]
+        if len(unique) == len(s.endpoints):
+            return [(ep, number) for ep in s.endpoints]
     found: dict[tuple[type, int, int], EndpointView] = {}
-    for s in slices:
-        numbers = [p.port for p in s.ports if p.name == port.name and p.protocol == port.protocol]
-        for number in numbers[:1]:
-            for ep in s.endpoints:
-                key = (type(ep.address), ep.address._ip, number)  # type: ignore[union-attr]
-                seen = found.get(key)
-                if seen is None or (ep.ready and not seen.ready):  # a duplicate: prefer ready
-                    found[key] = ep
+    for s, number in matched:
+        for ep in s.endpoints:
+            key = (type(ep.address), ep.address._ip, number)  # type: ignore[union-attr]
+            seen = found.get(key)
+            if seen is None or (ep.ready and not seen.ready):  # a duplicate: prefer ready
+                found[key] = ep
     return [(ep, number) for (_, _, number), ep in found.items()]
 
 
@@ -344,10 +353,16 @@ def categorize_endpoints(
     cluster: Backends = []
     if cluster_used:
         wanted = _topology(backends, node)
-        cluster = [(ep, n) for ep, n in backends if ep.ready and wanted(ep)]
+        if wanted is None:  # no hints to follow: every ready endpoint (no call for each)
+            cluster = [(ep, n) for ep, n in backends if ep.ready]
+        else:
+            cluster = [(ep, n) for ep, n in backends if ep.ready and wanted(ep)]
         if not cluster:  # no ready endpoint anywhere (topology never empties the set)
             cluster = [(ep, n) for ep, n in backends if ep.serving and ep.terminating]
-    has_any = any(ep.ready or (ep.serving and ep.terminating) for ep, _ in backends)
+    # a cluster set is never empty when any endpoint is usable, and all of its are usable
+    has_any = bool(cluster) or any(
+        ep.ready or (ep.serving and ep.terminating) for ep, _ in backends
+    )
     local: Backends = []
     if local_used:
         here = [(ep, n) for ep, n in backends if ep.node_name == node.name]
@@ -357,21 +372,22 @@ def categorize_endpoints(
     return Categorized(cluster, local, has_any)
 
 
-def _topology(backends: Backends, node: NodeView) -> Callable[[EndpointView], bool]:
+def _topology(backends: Backends, node: NodeView) -> Callable[[EndpointView], bool] | None:
     """Which ready endpoints this node uses (kube-proxy's topologyModeFromHints): those
     hinted for this node, when every ready endpoint has node hints and one names this node;
     else those hinted for this node's zone, when every ready endpoint has zone hints and one
-    names the zone; else all of them."""
+    names the zone; else all of them (None)."""
+    for ep, _ in backends:  # the first ready endpoint without hints settles it (most often)
+        if ep.ready:
+            if not ep.node_hints and not ep.zone_hints:
+                return None
+            break
+    else:
+        return None
     ready = [ep for ep, _ in backends if ep.ready]
-    if not ready:
-        return _ANY
     name, zone = node.name, node.zone
     if all(ep.node_hints for ep in ready) and any(name in ep.node_hints for ep in ready):
         return lambda ep: name in ep.node_hints
     if all(ep.zone_hints for ep in ready) and any(zone in ep.zone_hints for ep in ready):
         return lambda ep: zone in ep.zone_hints
-    return _ANY
-
-
-def _ANY(ep: EndpointView) -> bool:
-    return True
+    return None
