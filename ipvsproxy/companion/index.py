@@ -15,8 +15,9 @@ Imports: companion.sets, companion.ipset, sync.desired (Access), model, the stan
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Container, Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Container, Iterable, Iterator, Mapping
+from itertools import chain
 
 from ipvsproxy.companion.ipset import (
     BULK,
@@ -28,6 +29,7 @@ from ipvsproxy.companion.ipset import (
 )
 from ipvsproxy.companion.sets import Entry, Local, SetState, all_sets, entries_for
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
+from ipvsproxy.policy import FrontendPolicy, frontend_policy
 from ipvsproxy.sync.desired import Access
 
 
@@ -79,21 +81,26 @@ class SetIndex:
         local: Container[IPAddress],
     ) -> None:
         """`update()` each of `keys` from the synced state (gone from it: removed)."""
-        local = Local.of(local)
-        for key in keys:
-            if key not in state.services:
-                self.update(key, ())
-                continue
-            dests = state.dests.get(key, {})
-            bound = key.address in state.bound
-            self.update(key, entries_for(key, access.get(key), dests, local=local, bound=bound))
+        for key, made in _made(keys, state, access, local):
+            self.update(key, made)
 
     def reset(
         self, state: IpvsState, access: Mapping[VSKey, Access], *, local: Container[IPAddress]
     ) -> None:
         """Every virtual server from scratch (a full sync): `wanted()` of the same input."""
-        gone = [key for key in self._by_key if key not in state.services]
-        self.update_from([*gone, *state.services], state, access, local=local)
+        if self._by_key:
+            gone = [key for key in self._by_key if key not in state.services]
+            self.update_from([*gone, *state.services], state, access, local=local)
+            return
+        # An empty index (a first sync: 7,000 entries at 1000x10): what update() does one
+        # entry at a time, counted in bulk.
+        made = _made(state.services, state, access, local)
+        self._by_key = {key: entries for key, entries in made if entries}
+        self._count = dict(Counter(chain.from_iterable(self._by_key.values())))
+        members = self._members
+        for name, entry in self._count:
+            members[name].add(entry)
+        self._before = {**dict.fromkeys(self._count, False), **self._before}
 
     def seed(self, state: SetState) -> None:
         """What the host holds now (after a full sync: its observation, or what it wrote);
@@ -172,3 +179,26 @@ class SetIndex:
             name: (tuple(sorted(add.get(name, ()))), tuple(sorted(delete.get(name, ()))))
             for name in add.keys() | delete.keys()
         }
+
+
+def _made(
+    keys: Iterable[VSKey],
+    state: IpvsState,
+    access: Mapping[VSKey, Access],
+    local: Container[IPAddress],
+) -> Iterator[tuple[VSKey, frozenset[Entry]]]:
+    """Each key's entries in the synced state (none: gone from it)."""
+    local = Local.of(local)
+    # a few distinct policies among many virtual servers: each worked out once
+    policies: dict[tuple[Access | None, bool], FrontendPolicy] = {}
+    for key in keys:
+        if key not in state.services:
+            yield key, frozenset()
+            continue
+        bound = key.address in state.bound
+        how = access.get(key), bound
+        policy = policies.get(how)
+        if policy is None:
+            policy = policies[how] = frontend_policy(how[0], bound=bound)
+        dests = state.dests.get(key, {})
+        yield key, entries_for(key, how[0], dests, local=local, bound=bound, policy=policy)

@@ -63,6 +63,8 @@ SERVICE_PORTS = SetSpec("SERVICE-PORTS", "hash:ip,port")
 VIPS = SetSpec("VIPS", "hash:ip")
 SPECS = (CLUSTER_IP, EXTERNAL_IP, NODE_PORT, LOOP_BACK, LB_FW, LB_SOURCE, SERVICE_PORTS, VIPS)
 VERSIONS = (4, 6)
+# each set's name per IP version, looked up for every entry a full pass makes
+_NAMES = {version: {spec: spec.name(version) for spec in SPECS} for version in VERSIONS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +108,13 @@ class Local:
     hash is Python code, and a full pass asks about every destination (12,000 at 1000x10).
     Built once per pass (`Local.of`), not per virtual server."""
 
-    __slots__ = ("ids",)
+    __slots__ = ("ids", "numbers")
 
     def __init__(self, addresses: Iterable[IPAddress]) -> None:
         self.ids = frozenset(address_key(a) for a in addresses)
+        # the integers alone: most destinations are not local, and this asks without
+        # building a key for each (`ids` then tells the families apart)
+        self.numbers = frozenset(number for _, number in self.ids)
 
     @classmethod
     def of(cls, addresses: Container[IPAddress]) -> Local:
@@ -128,41 +133,48 @@ def entries_for(
     *,
     local: Container[IPAddress],
     bound: bool,
+    policy: FrontendPolicy | None = None,
 ) -> frozenset[Entry]:
     """The (set name, entry) pairs one virtual server contributes, from its policy
     (`policy.frontend_policy()`: without access info it is a ClusterIP when its address is
-    `bound`, on the dummy device, else a NodePort); only destinations whose address is in
-    `local` get a LOOP-BACK entry; fwmark services none."""
+    `bound`, on the dummy device, else a NodePort; `policy` if the caller has it already);
+    only destinations whose address is in `local` get a LOOP-BACK entry; fwmark services
+    none."""
     if key.fwmark:
         return frozenset()
-    policy = frontend_policy(access, bound=bound)
-    version = key.address.version
-    made = _entries(key, policy, dests, Local.of(local).ids)
-    return frozenset((spec.name(version), entry) for spec, entry in made)
+    if policy is None:
+        policy = frontend_policy(access, bound=bound)
+    return frozenset(_entries(key, policy, dests, Local.of(local)))
 
 
 def _entries(
-    key: VSKey, policy: FrontendPolicy, dests: Iterable[RSKey], local: frozenset[tuple[type, int]]
-) -> Iterator[tuple[SetSpec, str]]:
+    key: VSKey, policy: FrontendPolicy, dests: Iterable[RSKey], local: Local
+) -> list[Entry]:
     """The set entries one virtual server contributes."""
+    names = _NAMES[key.address.version]
     proto = _proto(key.proto)
     ip_port = f"{address_text(key.address)},{proto}:{key.port}"
+    out = []
     if policy.frontend is Frontend.CLUSTER_IP:
-        yield CLUSTER_IP, ip_port  # masqueraded as the node policy says (rules.py)
+        out.append((names[CLUSTER_IP], ip_port))  # masqueraded as the node policy says
     elif policy.masquerade is Masquerade.ALWAYS:
-        yield (NODE_PORT if policy.frontend is Frontend.NODE_PORT else EXTERNAL_IP), ip_port
+        spec = NODE_PORT if policy.frontend is Frontend.NODE_PORT else EXTERNAL_IP
+        out.append((names[spec], ip_port))
     if policy.port_filter:
-        yield SERVICE_PORTS, ip_port
-        yield VIPS, address_text(key.address)
+        out.append((names[SERVICE_PORTS], ip_port))
+        out.append((names[VIPS], address_text(key.address)))
     if policy.firewalled:  # LoadBalancer frontends only: others are never filtered
-        yield LB_FW, ip_port
+        out.append((names[LB_FW], ip_port))
         for net in policy.allowed(key.address.version):
             for part in _splittable(net):
-                yield LB_SOURCE, f"{ip_port},{_net(part)}"
+                out.append((names[LB_SOURCE], f"{ip_port},{_net(part)}"))
+    numbers, ids = local.numbers, local.ids
     for rs in dests:  # kube-proxy: a hairpin can only start on the pod's node
-        if (type(rs.address), rs.address._ip) in local:  # type: ignore[union-attr]  # address_key
-            address = address_text(rs.address)
-            yield LOOP_BACK, f"{address},{proto}:{rs.port},{address}"
+        address = rs.address
+        if address._ip in numbers and (type(address), address._ip) in ids:  # type: ignore[union-attr]  # address_key
+            text = address_text(address)
+            out.append((names[LOOP_BACK], f"{text},{proto}:{rs.port},{text}"))
+    return out
 
 
 def _splittable(net: IPNetwork) -> list[IPNetwork]:

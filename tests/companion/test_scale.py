@@ -165,24 +165,31 @@ servers = st.tuples(
     st.sampled_from(ACCESS),
     st.frozensets(st.builds(RSKey, st.sampled_from(ENDPOINTS), st.sampled_from([80, 8080]))),
 )
-# a step: set or remove one virtual server, take (and apply), or seed from the host
+# a step: set or remove one virtual server, take (and apply), seed from the host, or reset
+# the index to what is set now (a full pass; in bulk when the index is empty)
 steps = st.one_of(
     st.tuples(st.just("set"), keys, servers),
     st.tuples(st.just("remove"), keys, st.none()),
     st.tuples(st.just("take"), st.none(), st.none()),
     st.tuples(st.just("seed"), st.none(), st.none()),
+    st.tuples(st.just("reset"), st.none(), st.none()),
 )
 LOCAL: frozenset[IPAddress] = frozenset(ENDPOINTS[:2] + ENDPOINTS[3:])  # 10.244.2.2 is remote
 
 
 def full(servers_now: dict[VSKey, tuple[Access | None, frozenset[RSKey]]]) -> SetState:
+    return wanted(*state_and_access(servers_now), local=LOCAL)
+
+
+def state_and_access(
+    servers_now: dict[VSKey, tuple[Access | None, frozenset[RSKey]]],
+) -> tuple[IpvsState, dict[VSKey, Access]]:
     state = IpvsState(
         services={k: VirtualServer(k) for k in servers_now},
         dests={k: {rs: RealServer(rs) for rs in d} for k, (_, d) in servers_now.items()},
         bound=frozenset(k.address for k in servers_now if k.address.is_private),
     )
-    access = {k: a for k, (a, _) in servers_now.items() if a is not None}
-    return wanted(state, access, local=LOCAL)
+    return state, {k: a for k, (a, _) in servers_now.items() if a is not None}
 
 
 def apply(host: dict[str, tuple[int, set[str]]], changes: tuple[SetChange, ...]) -> None:
@@ -226,6 +233,9 @@ def test_any_sequence_of_updates_and_takes_leaves_the_host_equal_to_the_full_pat
             index.update(key, frozenset())
         elif step == "take":
             apply(host, index.take())
+        elif step == "reset":
+            state, access = state_and_access(now)
+            index.reset(state, access, local=LOCAL)
         else:
             index.seed(seen(host, full({})))
     apply(host, index.take())
@@ -507,3 +517,11 @@ def test_local_addresses_are_told_apart_by_family():
     assert ip_address("::a00:1") not in local
     assert ip_address("10.0.0.2") not in local
     assert Local.of(local) is local
+    for endpoint, vip, entry in (
+        ("10.0.0.1", "10.96.0.1", "10.0.0.1,tcp:80,10.0.0.1"),
+        ("::a00:1", "fd00:96::1", None),  # not local: no hairpin entry
+    ):
+        key = VSKey(ip_address(vip), 80, Proto.TCP)
+        dests = [RSKey(ip_address(endpoint), 80)]
+        made = entries_for(key, None, dests, local=local, bound=True)
+        assert {e for name, e in made if name.startswith(LOOP_BACK)} == ({entry} - {None})
