@@ -40,6 +40,7 @@ from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, RestoreFailed
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
+    DEST_WRITES,
     AddDest,
     AddService,
     BindAddress,
@@ -94,7 +95,7 @@ class Table:
         """Record operations the kernel executed."""
         dests = self.dests
         for op in ops:
-            if isinstance(op, AddDest | UpdateDest):  # most of a large plan: no match statement
+            if isinstance(op, DEST_WRITES):  # most of a large plan: no match statement
                 table = dests.get(op.service)
                 if table is None:
                     table = dests[op.service] = {}

@@ -30,14 +30,13 @@ from collections.abc import Container, Iterable
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.model import (
-    AddDest,
+    DEST_WRITES,
     DeleteDest,
     DeleteService,
     IpvsState,
     Op,
     Proto,
     RSKey,
-    UpdateDest,
     VSKey,
 )
 
@@ -97,7 +96,7 @@ def udp_first_endpoint(ops: Iterable[Op], before: IpvsState, failed: Container[O
     refused: a new destination, or a draining one given weight again. In plan order, once."""
     revived: dict[VSKey, None] = {}  # ordered, and O(1) to ask
     for op in ops:
-        if not isinstance(op, AddDest | UpdateDest) or (failed and op in failed):
+        if not isinstance(op, DEST_WRITES) or (failed and op in failed):
             continue
         key = op.service
         if key.proto is not Proto.UDP or op.rs.weight <= 0 or key in revived:

@@ -32,6 +32,7 @@ from typing import Any
 from ipvsproxy.model import (
     REAL_SERVER_SETTERS,
     RSKEY_SETTERS,
+    SERVICE_WRITES,
     AddDest,
     AddService,
     DeleteDest,
@@ -173,7 +174,7 @@ def encode_ops(ops: Sequence[codec.IpvsOp]) -> list[tuple[int, bytes]]:
             else:
                 nest = dest_nest(rs)
             out.append((commands[type(op)], last_nest + nest))
-        elif isinstance(op, AddService | UpdateService) and not op.vs.key.fwmark:
+        elif isinstance(op, SERVICE_WRITES) and not op.vs.key.fwmark:
             vs = op.vs
             key_nest = keys.get(vs.key) or keys.setdefault(vs.key, service_key_nest(vs.key))
             # scheduler, flags, timeout and netmask: a few distinct runs of bytes per sync

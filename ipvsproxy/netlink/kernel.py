@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
-    AddDest,
+    DEST_WRITES,
+    SERVICE_WRITES,
     AddService,
     BindAddress,
     Dests,
@@ -30,7 +31,6 @@ from ipvsproxy.model import (
     RealServer,
     RSKey,
     UnbindAddress,
-    UpdateDest,
     UpdateService,
     VirtualServer,
     VSKey,
@@ -216,9 +216,9 @@ def _written(ops: Sequence[Op], codes: Sequence[int]) -> Iterator[VirtualServer 
     """The objects of the operations the kernel accepted that write one."""
     for op, code in zip(ops, codes, strict=True):
         if not code:
-            if isinstance(op, AddDest | UpdateDest):
+            if isinstance(op, DEST_WRITES):
                 yield op.rs
-            elif isinstance(op, AddService | UpdateService):
+            elif isinstance(op, SERVICE_WRITES):
                 yield op.vs
 
 
