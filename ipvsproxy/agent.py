@@ -137,8 +137,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             node_addresses=_node_addresses(config),
         )
         pipeline.refresh_host()
-        pipeline.feed(changes)
-        planned = pipeline.plan(full=True)
+        planned = pipeline.plan_from(changes, full=True)
         notes = ()
         if backend.name == IPTABLES:
             notes = (
@@ -197,10 +196,10 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
                 node_addresses=_node_addresses(config),
             )
             pipeline.refresh_host()
-            pipeline.feed(changes)
+            planned = pipeline.plan_from(changes, full=True)
             for warning in pipeline.warnings:
                 log.warning("%s", warning)
-            result = pipeline.apply(pipeline.plan(full=True))
+            result = pipeline.apply(planned)
     if result.companion_error:
         log.error("companion rules: %s", result.companion_error)
     log.info(

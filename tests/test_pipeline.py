@@ -356,3 +356,53 @@ def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
         assert gone == udp_gone(ipvs.plan, failed, before=ipvs.observed)
         assert len(gone) == len({key for key, _ in gone}) <= 4
         assert len(gone) == 4 or failed
+
+
+# ---- a full pass: the host read while the changes are translated ---------------------------
+
+
+class WaitsForFeed(FakeKernel):
+    """A FakeKernel whose observation and the pipeline's translation wait for each other to
+    start (a pipeline reading before or after translating makes one wait in vain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.feeding, self.observing = threading.Event(), threading.Event()
+        self.met: list[str] = []
+
+    def observe(self) -> Any:
+        self.observing.set()
+        self.met.append("alongside" if self.feeding.wait(WAIT) else "alone")
+        return super().observe()
+
+
+def test_a_full_pass_reads_the_host_while_the_changes_are_translated():
+    kernel = WaitsForFeed()
+    host = FakeHost()
+    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=Companion(commands=host))  # type: ignore[arg-type]
+    fed = pipeline.feed
+
+    def feeding(changes: Any) -> None:
+        kernel.feeding.set()
+        kernel.met.append("fed alongside" if kernel.observing.wait(WAIT) else "fed alone")
+        fed(changes)
+
+    pipeline.feed = feeding  # type: ignore[method-assign]
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(3))
+    planned = pipeline.plan_from(tracker.take(), full=True)
+    assert sorted(kernel.met) == ["alongside", "fed alongside"]
+    # the plan `plan()` makes after the same feed, companion included
+    other = Companion(commands=FakeHost())  # type: ignore[arg-type]
+    again = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=other)
+    feed(tracker, objects(3))
+    again.feed(tracker.take(everything=True))
+    expected = again.plan(full=True)
+    assert planned.ipvs.plan == expected.ipvs.plan
+    assert planned.companion == expected.companion
+    assert planned.companion is not None
+    assert pipeline.apply(planned).ok
+    kernel.met.clear()  # a partial pass reads nothing while it translates
+    kernel.observing.set()
+    assert pipeline.sync(tracker.take(), full=False).ok
+    assert kernel.met == ["fed alongside"]
