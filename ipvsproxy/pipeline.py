@@ -116,6 +116,35 @@ class Table:
                 case UnbindAddress(address):
                     self.bound.discard(address)
 
+    def settle(self, observed: IpvsState, planned: IpvsState, ops: Sequence[Op]) -> None:
+        """`seed(observed)` then `advance(ops)`, for a full pass's plan from `observed` to
+        `planned` that the kernel took whole, without a Python step per destination: by the
+        planner's contract (sync/plan.py) each planned virtual server then holds exactly its
+        planned destinations, others stay as observed unless deleted, and the addresses
+        follow the bind and unbind operations (14,200 operations at 1000x10: 0.5 s of
+        Python in the VM, beside the writes, against a dict copy per virtual server)."""
+        gone: set[VSKey] = set()
+        bind: set[IPAddress] = set()
+        unbind: set[IPAddress] = set()
+        for op in ops:
+            kind = op.__class__
+            if kind is DeleteService:
+                gone.add(op.key)  # type: ignore[union-attr, arg-type]
+            elif kind is BindAddress:
+                bind.add(op.address)  # type: ignore[union-attr]
+            elif kind is UnbindAddress:
+                unbind.add(op.address)  # type: ignore[union-attr]
+        services = {k: vs for k, vs in observed.services.items() if k not in gone}
+        services.update(planned.services)
+        dests = {
+            k: dict(d)
+            for k, d in observed.dests.items()
+            if k not in gone and k not in planned.services
+        }
+        dests.update((k, dict(planned.dests.get(k, {}))) for k in planned.services)
+        self.services, self.dests = services, dests
+        self.bound = (set(observed.bound) | bind) - unbind
+
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
         services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
         return IpvsState(  # copies: `advance()` changes the table's own dicts in place
@@ -458,7 +487,10 @@ class Pipeline:
         kernel refused any, both are done again from the observation and what it took."""
 
         def record(failed: set[Op]) -> Gone:
-            self.table.advance(_applied(ipvs.plan, failed))
+            if full and not failed:  # the table is the planned state (Table.settle)
+                self.table.settle(ipvs.observed, ipvs.state, ipvs.plan)
+            else:
+                self.table.advance(_applied(ipvs.plan, failed))
             return udp_gone(ipvs.plan, failed, before=ipvs.observed) if forget else []
 
         if not full or len(ipvs.plan) < OPTIMISTIC_RECORD:

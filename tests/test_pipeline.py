@@ -25,7 +25,7 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.companion.test_scale import FakeHost
 from tests.factories import ep, node, port, service, slice_, translate
-from tests.strategies import states
+from tests.strategies import foreign_states, states
 from tests.sync.test_plan import OWN
 
 CONFIG = Config(node_name="node-a")
@@ -283,13 +283,13 @@ def test_a_large_full_pass_records_its_table_while_the_operations_go_out(monkeyp
     monkeypatch.setattr(pipeline_module, "OPTIMISTIC_RECORD", 1)
     kernel = WaitsForRecording()
     pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    advance = pipeline.table.advance
+    settle = pipeline.table.settle
 
-    def recording(ops: Any) -> None:
+    def recording(*args: Any) -> None:
         kernel.recording.set()
-        advance(ops)
+        settle(*args)
 
-    pipeline.table.advance = recording  # type: ignore[method-assign]
+    pipeline.table.settle = recording  # type: ignore[method-assign, assignment]
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(3))
     assert pipeline.sync(tracker.take(), full=True).ok
@@ -406,3 +406,33 @@ def test_a_full_pass_reads_the_host_while_the_changes_are_translated():
     kernel.observing.set()
     assert pipeline.sync(tracker.take(), full=False).ok
     assert kernel.met == ["fed alongside"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(states(), foreign_states(), states(), st.booleans())
+def test_a_full_pass_taken_whole_settles_the_table_as_its_operations_would(
+    ours, foreign, after, bound
+):
+    """Table.settle (a full pass the kernel took whole) leaves exactly the table that
+    seeding from the observation and advancing by each operation leaves, from any state
+    (someone else's virtual servers too) to any other, addresses managed or not; each
+    planned destination is the planned object."""
+    from ipvsproxy.model import IpvsState
+    from ipvsproxy.pipeline import Table
+    from ipvsproxy.sync.plan import plan
+
+    before = IpvsState(  # the foreign virtual servers' addresses not on our device
+        {**foreign.services, **ours.services}, {**foreign.dests, **ours.dests}, ours.bound
+    )
+    ops = plan(after, before, ownership=OWN, manage_addresses=bound)
+    advanced, settled = Table(), Table()
+    advanced.seed(before)
+    advanced.advance(ops)
+    settled.settle(before, after, ops)
+    assert (settled.services, settled.dests, settled.bound) == (
+        advanced.services,
+        advanced.dests,
+        advanced.bound,
+    )
+    for key, dests in after.dests.items():
+        assert all(settled.dests[key][rs] is server for rs, server in dests.items())
