@@ -7,6 +7,7 @@ final objects wants; a partial pass runs at most one `ipset restore` (and no obs
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -236,6 +237,7 @@ def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, 
 
     ops = plan(after, before, ownership=OWN)
     table = Table()
+    seen = copy.deepcopy(before)
     table.seed(before)
     table.advance(ops)
     kernel = before
@@ -246,6 +248,11 @@ def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, 
         {key: dict(dests) for key, dests in kernel.dests.items()},
         set(kernel.bound),
     )
+    assert before == seen  # the table shares its maps, and copies one before changing it
+    again = copy.deepcopy(kernel)  # seeded again (a later full pass): nothing it owned stays
+    table.seed(again)
+    table.advance(plan(before, again, ownership=OWN))
+    assert again == kernel
 
 
 # ---- a large full pass: the table recorded while the operations go out ---------------------
@@ -436,3 +443,6 @@ def test_a_full_pass_taken_whole_settles_the_table_as_its_operations_would(
     )
     for key, dests in after.dests.items():
         assert all(settled.dests[key][rs] is server for rs, server in dests.items())
+    planned = copy.deepcopy(after)
+    settled.advance(plan(ours, after, ownership=OWN, manage_addresses=bound))  # and back
+    assert after == planned  # what it shares with the plan stays as it was
