@@ -34,6 +34,10 @@ class DesiredIndex:
         self._winners: dict[VSKey, Entry] = {}
         self.services: dict[VSKey, VirtualServer] = {}
         self.dests: dict[VSKey, Mapping[RSKey, RealServer]] = {}
+        # the winners' access and origin, kept as they change: desired() copies them whole
+        # (a copy keeps the keys' hashes; a comprehension hashes each key in Python)
+        self._access: dict[VSKey, Access] = {}
+        self._origins: dict[VSKey, str] = {}
         self._binders: dict[IPAddress, int] = {}  # winning entries binding each address
         self._local: dict[IPAddress, int] = {}  # Services with an endpoint here at the address
         self._warned: set[Ref] = set()  # contributions with warnings of their own
@@ -79,6 +83,8 @@ class DesiredIndex:
     def _settle(self, key: VSKey) -> None:
         """Make the first claimant's entry the desired one for `key`."""
         before = self._winners.pop(key, None)
+        self._access.pop(key, None)  # re-inserted last, in the winners' order
+        self._origins.pop(key, None)
         if before is not None:
             self.dest_count -= len(before.dests)
             if before.bind:
@@ -92,6 +98,8 @@ class DesiredIndex:
         self._winners[key] = entry
         self.services[key] = entry.vs
         self.dests[key] = entry.dests
+        self._access[key] = entry.access
+        self._origins[key] = entry.origin
         self.dest_count += len(entry.dests)
         if entry.bind:
             self._count(self._binders, (key.address,), +1)
@@ -150,13 +158,11 @@ class DesiredIndex:
     def desired(self) -> Desired:
         """The whole desired state (copies: safe to keep while the index changes)."""
         state = IpvsState(dict(self.services), dict(self.dests), frozenset(self._binders))
-        access: dict[VSKey, Access] = {k: e.access for k, e in self._winners.items()}
-        origins = {k: e.origin for k, e in self._winners.items()}
         return Desired(
             state,
-            origins,
+            dict(self._origins),
             self.warnings(),
-            access,
+            dict(self._access),
             self.local_endpoints(),
             self.no_local_endpoints(),
         )
