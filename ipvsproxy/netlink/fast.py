@@ -490,7 +490,6 @@ def _check_fields() -> None:
     for cls, names in (
         (RSKey, ("address", "port")),
         (RealServer, _RS_FIELDS),
-        (VSKey, _VS_KEY_FIELDS),
         (VirtualServer, _VS_FIELDS),
     ):
         actual = tuple(f.name for f in dataclasses.fields(cls))
@@ -499,7 +498,6 @@ def _check_fields() -> None:
 
 
 _RS_FIELDS = ("key", "weight", "forward", "upper_threshold", "lower_threshold")
-_VS_KEY_FIELDS = ("address", "port", "proto", "fwmark")
 _VS_FIELDS = ("key", "scheduler", "flags", "timeout_s")
 _check_fields()
 _rs_key_address, _rs_key_port = RSKEY_SETTERS
@@ -601,11 +599,8 @@ def _build_service(buf: bytes, found: dict[int, tuple[int, int]]) -> VirtualServ
     flags = _FLAGS.unpack_from(buf, found[codec.SVC_FLAGS][0])[0] & _NOT_HASHED
     timeout = _U32.unpack_from(buf, found[codec.SVC_TIMEOUT][0])[0]
     mark = _U32.unpack_from(buf, found[codec.SVC_FWMARK][0])[0] if codec.SVC_FWMARK in found else 0
-    key = _new(VSKey)
-    if mark:
-        _vs_key_address(key, IPv6Address(0) if af == socket.AF_INET6 else IPv4Address(0))
-        _vs_key_port(key, 0)
-        _vs_key_proto(key, Proto.TCP)
+    if mark:  # the key through its constructor: it works out its hash (model.VSKey)
+        key = VSKey(IPv6Address(0) if af == socket.AF_INET6 else IPv4Address(0), 0, Proto.TCP, mark)
     else:
         start = found[codec.SVC_ADDR][0]
         address = (
@@ -613,12 +608,9 @@ def _build_service(buf: bytes, found: dict[int, tuple[int, int]]) -> VirtualServ
             if af == socket.AF_INET
             else IPv6Address(buf[start : start + 16])
         )
-        _vs_key_address(key, address)
-        _vs_key_port(
-            key, int.from_bytes(buf[found[codec.SVC_PORT][0] : found[codec.SVC_PORT][0] + 2], "big")
-        )
-        _vs_key_proto(key, _PROTOS[_U16.unpack_from(buf, found[codec.SVC_PROTOCOL][0])[0]])
-    _vs_key_fwmark(key, mark)
+        port = int.from_bytes(buf[found[codec.SVC_PORT][0] : found[codec.SVC_PORT][0] + 2], "big")
+        proto = _PROTOS[_U16.unpack_from(buf, found[codec.SVC_PROTOCOL][0])[0]]
+        key = VSKey(address, port, proto)
     service_flags = _SERVICE_FLAGS.get(flags)
     if service_flags is None:  # a flag this model does not name (IntFlag keeps it)
         service_flags = ServiceFlags(flags)
@@ -638,7 +630,4 @@ _SERVICE_FLAGS = {
     for value in range(int(sum(ServiceFlags)) + 1)
     if not value & ~int(sum(ServiceFlags))
 }
-_vs_key_address, _vs_key_port, _vs_key_proto, _vs_key_fwmark = (
-    _slot(VSKey, n) for n in _VS_KEY_FIELDS
-)
 _vs_key, _vs_scheduler, _vs_flags, _vs_timeout = (_slot(VirtualServer, n) for n in _VS_FIELDS)
