@@ -48,11 +48,11 @@ def plan(
     `ipvsadm-save` file knows nothing of bound addresses).
     """
     bound = observed.bound | desired.bound
-    doomed = sorted(
+    doomed = sorted(  # the keys' difference in C, with the hashes the dicts hold
         (
             key
-            for key in observed.services
-            if key not in desired.services and ownership.claims(key, bound)
+            for key in observed.services.keys() - desired.services.keys()
+            if ownership.claims(key, bound)
         ),
         key=vs_order,
     )
