@@ -348,6 +348,7 @@ class AgentRun:
     log: AgentLog
     proc: subprocess.Popen[bytes]
     kernel: ProcIpvs
+    changes: int = 0  # slice changes made so far (each one adds another pod)
 
 
 def agent_rows(
@@ -402,8 +403,20 @@ def _agent_measure(
     args: argparse.Namespace,
     out: Results,
 ) -> None:
-    if first_sync(run, want, counts, started, args, out) and idle_resync(run, args, out):
-        latencies, durations = change_rounds(run, api, objects, args, out)
+    if not first_sync(run, want, counts, started, args, out):
+        return
+    if args.first_change_after >= 0:  # the pass after the first one is an ordinary one
+        early, _ = change_rounds(
+            run, api, objects, args, out, rounds=1, settle=args.first_change_after, tag="first"
+        )
+        out.add(
+            "agent", f"slice change {args.first_change_after:g} s after the first sync",
+            early[0], None, f"target <= {args.min_sync_period + 1:.2f} s",
+        )  # fmt: skip
+    if idle_resync(run, args, out):
+        latencies, durations = change_rounds(
+            run, api, objects, args, out, rounds=args.repeat, settle=args.settle, tag="change"
+        )
         if latencies:
             out.add(
                 "agent", "one slice change -> in kernel", statistics.median(latencies), None,
@@ -489,20 +502,30 @@ def idle_resync(run: AgentRun, args: argparse.Namespace, out: Results) -> bool:
 
 
 def change_rounds(
-    run: AgentRun, api: Any, objects: list[RawObject], args: argparse.Namespace, out: Results
+    run: AgentRun,
+    api: Any,
+    objects: list[RawObject],
+    args: argparse.Namespace,
+    out: Results,
+    *,
+    rounds: int,
+    settle: float,
+    tag: str,
 ) -> tuple[list[float], list[float]]:
-    """`repeat` times: one endpoint added to one Service's slice; kernel latency, sync time."""
+    """`rounds` times, `settle` s after the last: one endpoint added to one Service's slice
+    (each round another); kernel latency, sync time."""
     slices = [o for o in objects if o["kind"] == "EndpointSlice"]
     latencies: list[float] = []
     durations: list[float] = []
-    for n in range(args.repeat):
+    for n in range(run.changes, run.changes + rounds):
+        run.changes += 1
         i = _plain_service(len(slices), n)
         changed = json.loads(json.dumps(slices[i]))
         new_pod = pod_ip(args.services * args.dests + n * NODES)  # a new pod on this node
         changed["endpoints"].append(
             {"addresses": [new_pod], "conditions": {"ready": True}, "nodeName": BENCH_NODE}
         )
-        time.sleep(args.settle)  # away from the previous sync, as a change usually comes
+        time.sleep(settle)  # away from the previous sync, as a change usually comes
         before = run.log.poll()
         start = time.monotonic()
         api.put(changed)
@@ -525,7 +548,7 @@ def change_rounds(
             out.problem(f"agent: no sync line with operations after change {n + 1}")
         else:
             durations.append(line.seconds)
-            out.notes.append(f"change {n + 1}: in kernel after {seen - start:.3f} s; {line.msg}")
+            out.notes.append(f"{tag} {n + 1}: in kernel after {seen - start:.3f} s; {line.msg}")
         slices[i] = changed
     return latencies, durations
 
@@ -566,6 +589,10 @@ def main() -> None:
     parser.add_argument("--min-sync-period", type=float, default=1.0, help="the agent's")
     parser.add_argument("--idle", type=int, default=3, help="idle resyncs measured (median)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before a change")
+    parser.add_argument(
+        "--first-change-after", type=float, default=20.0,
+        help="one slice change this many seconds after the first sync (-1: none)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600.0, help="for the first sync")
     parser.add_argument("--change-timeout", type=float, default=300.0, help="for one change")
     args = parser.parse_args()
