@@ -1,5 +1,5 @@
 """`python -m ipvsproxy` runs the command-line interface."""
 
-from ipvsproxy.cli import entry
+from ipvsproxy.cli import main
 
-entry()
+main()

@@ -11,16 +11,14 @@ Imports: click (only here), config, agent, errors.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -587,32 +585,8 @@ def run(once: bool, **opts: Any) -> None:
             click.echo(f"failed: {failure.error}", err=True)
         if outcome.companion_error:
             click.echo(f"failed: companion rules: {outcome.companion_error}", err=True)
-        finish(0 if outcome.ok else EXIT_FAILED_OPS)
+        sys.exit(0 if outcome.ok else EXIT_FAILED_OPS)
     agent.run(config, source=source)
-
-
-OWN_PROCESS = "own process"  # the root context's obj when the console script runs `main`
-
-
-def entry() -> None:
-    """The console script and `python -m ipvsproxy`: `main` in a process of its own."""
-    main(obj=OWN_PROCESS)
-
-
-def finish(code: int) -> NoReturn:
-    """End a one-shot command with `code`. In a process of its own (`entry`), the output
-    flushed and then `os._exit`: the interpreter's teardown would free the pass's heap
-    (views, tables, plans: 100,000s of objects at 1000x10) object by object, 0.13 s of a
-    `run --once` in the IPVS VM, where the kernel frees it at once. Nothing is left to
-    close: sockets and files go with the process, no child runs, no atexit work is ours.
-    Elsewhere (click's test runner) an ordinary exit."""
-    if click.get_current_context().find_root().obj != OWN_PROCESS:
-        sys.exit(code)
-    logging.shutdown()  # flushes the log handlers (stderr)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say there
-            stream.flush()
-    os._exit(code)
 
 
 def run_config(opts: dict[str, Any]) -> Config:

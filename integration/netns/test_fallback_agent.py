@@ -192,9 +192,8 @@ def test_diff_on_the_fallback_backend_then_cleanup(lab, tmp_path):
 
 
 def test_a_one_shot_run_ends_its_process_with_its_output_and_status(lab, tmp_path):
-    """`run --once` ends the console script's process with os._exit (cli.finish): what it
-    printed and logged reaches the pipes (click.echo and the log handler flush each line;
-    finish flushes again), and the exit status is the run's."""
+    """`run --once` as a process of its own: what it printed and logged reaches the pipes,
+    buffered or not, and the exit status is the run's."""
     manifest = tmp_path / "cluster.yaml"
     manifest.write_text(yaml.safe_dump_all(objects(lab, 2)))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # pipes buffered
