@@ -34,7 +34,6 @@ from ipvsproxy.backends import (
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
 from ipvsproxy.model import IPAddress, IpvsState
-from ipvsproxy.overlap import alongside
 from ipvsproxy.pipeline import PassPlan, PassResult, Pipeline
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
@@ -169,25 +168,11 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     # A short process that builds a large, acyclic heap: the cyclic collector would only
     # walk it again and again while it is built; reference counting frees what is dropped.
     gc.disable()
-    source = Manifests(tuple(manifest_paths))
-    # The manifests are parsed while the backend is probed and checked and the other
-    # backend's leftovers looked for (overlap.py): those steps wait on the kernel and on
-    # iptables-save, which the parsing fills. Nothing on the node changes before the
-    # input is known good, nor without a backend.
-    with (
-        alongside(lambda: changes_from(source, config), name="parse") as parsed,
-        ExitStack() as stack,
-    ):
-        try:
-            backend = stack.enter_context(open_backend(config))
-            leftovers = remove_leftovers(backend, config, dry_run=True)
-        except BaseException:
-            parsed.result()  # bad input is reported before a missing backend, as it always was
-            raise
-        changes = parsed.result()
+    # Nothing on the node changes before the input is known good, nor without a backend.
+    changes = changes_from(Manifests(tuple(manifest_paths)), config)
+    with open_backend(config) as backend:
         prepare(backend, config)
-        if leftovers:
-            remove_leftovers(backend, config)
+        remove_leftovers(backend, config)
         with companion_for(backend) as companion:
             pipeline = Pipeline(
                 kernel=backend.kernel,

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
@@ -58,7 +57,6 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.overlap import alongside
 from ipvsproxy.sync.desired import (
     Access,
     Contribution,
@@ -133,34 +131,6 @@ class Table:
                     self.bound.add(address)
                 case UnbindAddress(address):
                     self.bound.discard(address)
-
-    def settle(self, observed: IpvsState, planned: IpvsState, ops: Sequence[Op]) -> None:
-        """`seed(observed)` then `advance(ops)`, for a full pass's plan from `observed` to
-        `planned` that the kernel took whole, without a Python step per destination: by the
-        planner's contract (sync/plan.py) each planned virtual server then holds exactly its
-        planned destinations, others stay as observed unless deleted, and the addresses
-        follow the bind and unbind operations (14,200 operations at 1000x10: 0.5 s of
-        Python in the VM, beside the writes, against a few dict copies)."""
-        gone: set[VSKey] = set()
-        bind: set[IPAddress] = set()
-        unbind: set[IPAddress] = set()
-        for op in ops:
-            kind = op.__class__
-            if kind is DeleteService:
-                gone.add(op.key)  # type: ignore[union-attr, arg-type]
-            elif kind is BindAddress:
-                bind.add(op.address)  # type: ignore[union-attr]
-            elif kind is UnbindAddress:
-                unbind.add(op.address)  # type: ignore[union-attr]
-        self.seed(observed)
-        for key in gone:
-            self.services.pop(key, None)
-            self.dests.pop(key, None)
-        self.services.update(planned.services)
-        self.dests.update(planned.dests)
-        for key in planned.services.keys() - planned.dests.keys():
-            self.dests[key] = {}
-        self.bound = (self.bound | bind) - unbind
 
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
         services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
@@ -340,30 +310,21 @@ class Pipeline:
         return self.apply(self.plan_from(changes, full=full))
 
     def plan_from(self, changes: Changes, *, full: bool) -> PassPlan:
-        """`feed()` the changes, then `plan()`. A full pass reads the host (the IPVS table,
-        the companion's sets and chains) while the changes are translated (overlap.py:
-        reading is mostly waiting on the kernel and on `iptables-save`, translating is
-        Python; a first sync at 1000x10 in the VM translates for 0.65 s, reads for 0.45 s).
-        Nothing is written to the host in between: the plan is the one `plan()` makes."""
-        if not full and self._observed_once:
-            self.feed(changes)
-            return self.plan(full=False)
-        with alongside(lambda: self._observe(None, companion=True), name="observe") as seen:
-            self.feed(changes)
-            observation = seen.result()
-        return self._plan_full(observation)
+        """`feed()` the changes, then `plan()`. Nothing is written to the host."""
+        self.feed(changes)
+        return self.plan(full=full)
 
     def _observe(self, observed: IpvsState | None, *, companion: bool) -> _Observation:
         """What a full pass plans against: the IPVS table (`observed` instead, if given)
-        and, with a `companion`, its sets and chains, read while the table is (overlap.py:
-        both are mostly waits on netlink and processes). The companion's reading fails on
-        its own (its plan carries the error, the IPVS plan is made)."""
+        and, with a `companion`, its sets and chains. The companion's reading fails on its
+        own (its plan carries the error, the IPVS plan is made)."""
+        ipvs, repairs = self._observe_ipvs(observed)
         if self.companion is None or not companion:
-            return _Observation(*self._observe_ipvs(observed), companion=None)
-        with alongside(self.companion.observe, name="observe companion") as seen:
-            ipvs, repairs = self._observe_ipvs(observed)
-            seen.exception()  # the reading ended (read by result() when planned)
-        return _Observation(ipvs, repairs, companion=seen)
+            return _Observation(ipvs, repairs, companion=None)
+        try:
+            return _Observation(ipvs, repairs, companion=self.companion.observe())
+        except KernelError as exc:
+            return _Observation(ipvs, repairs, companion=None, companion_error=str(exc))
 
     def _observe_ipvs(self, observed: IpvsState | None) -> tuple[IpvsState, tuple[str, ...]]:
         if observed is not None:
@@ -372,16 +333,16 @@ class Pipeline:
 
     def _plan_full(self, observation: _Observation) -> PassPlan:
         plan, desired = self._plan_ipvs(observation.ipvs, observation.repairs)
+        if observation.companion_error:
+            return replace(plan, companion_error=observation.companion_error)
         companion, seen = self.companion, observation.companion
         if companion is None or seen is None or self.node is None:
             return plan
         companion.options = options_for(self.config, self.node)
         try:  # every set, against what the host holds (sets and chains)
             sets = self._refreshed_sets(plan.ipvs, desired.access, desired.local_endpoints)
-            wanted = plan_companion(
-                sets.wanted(), seen.result(), companion.options, companion.versions
-            )
-            return replace(plan, companion=wanted, companion_seen=seen.result())
+            wanted = plan_companion(sets.wanted(), seen, companion.options, companion.versions)
+            return replace(plan, companion=wanted, companion_seen=seen)
         except KernelError as exc:
             return replace(plan, companion_error=str(exc))
 
@@ -441,21 +402,7 @@ class Pipeline:
         def write_ipvs() -> SyncResult:
             return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
 
-        companion_work: _Written | None = None
-        gone: Gone = []
-        if planned.full and ipvs.plan and planned.companion and self.companion is not None:
-            # a full pass's two writes go out together (overlap.py): a cold sync's companion
-            # step is mostly `iptables-restore` and netlink round trips, the IPVS one mostly
-            # encoding; neither reads what the other writes (the companion's plan was made
-            # from the desired state). The IPVS side's bookkeeping (the table advanced, the
-            # UDP flows to forget) is done while the companion's restore still runs.
-            # Partial passes are small: one after the other.
-            with alongside(lambda: self._timed_companion(planned), name="companion") as done:
-                result, failed, gone = self._written(write_ipvs, ipvs, full=True, forget=True)
-                companion_work = done.result()
-        else:
-            forget = self.companion is not None
-            result, failed, gone = self._written(write_ipvs, ipvs, full=planned.full, forget=forget)
+        result, gone = self._written(write_ipvs, ipvs, forget=self.companion is not None)
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
         refused = self.refusals.record(result.report.failures, planned.names)
@@ -469,7 +416,7 @@ class Pipeline:
         written = _Written(error=planned.companion_error)
         forgotten = 0
         if self.companion is not None:
-            written = companion_work or self._timed_companion(planned)
+            written = self._timed_companion(planned)
             started = self.clock()
             forgotten = forget_udp(self.companion.commands, gone)
             written = replace(written, seconds=written.seconds + self.clock() - started)
@@ -494,38 +441,18 @@ class Pipeline:
         )
 
     def _written(
-        self, write: Callable[[], SyncResult], ipvs: Planned, *, full: bool, forget: bool
-    ) -> tuple[SyncResult, set[Op], Gone]:
-        """The IPVS operations written, and the table advanced by what the kernel took: the
-        result, the operations it refused, and (`forget`) the UDP flows to forget. A large
-        full pass records its plan (the table just seeded from the observation) and finds
-        those flows while the operations go out (overlap.py: the kernel's work on them is a
-        wait; 14,200 operations in the VM: 0.17 s otherwise after it); in a pass where the
-        kernel refused any, both are done again from the observation and what it took."""
-
-        def record(failed: set[Op]) -> Gone:
-            if full and not failed and len(ipvs.plan) >= OPTIMISTIC_RECORD:
-                self.table.settle(ipvs.observed, ipvs.state, ipvs.plan)  # O(virtual servers)
-            else:
-                self.table.advance(_applied(ipvs.plan, failed))
-            return udp_gone(ipvs.plan, failed, before=ipvs.observed) if forget else []
-
-        if not full or len(ipvs.plan) < OPTIMISTIC_RECORD:
-            result = write()
-            failed = {failure.op for failure in result.report.failures}
-            gone = record(failed)
-        else:
-            with alongside(lambda: record(set()), name="record") as recorded:
-                result = write()
-            gone = recorded.result()
-            failed = {failure.op for failure in result.report.failures}
-            if failed:
-                self.table.seed(ipvs.observed)
-                gone = record(failed)
+        self, write: Callable[[], SyncResult], ipvs: Planned, *, forget: bool
+    ) -> tuple[SyncResult, Gone]:
+        """The IPVS operations written and the table advanced by what the kernel took: the
+        result and (`forget`) the UDP flows to forget."""
+        result = write()
+        failed = {failure.op for failure in result.report.failures}
+        self.table.advance(_applied(ipvs.plan, failed))
+        gone = udp_gone(ipvs.plan, failed, before=ipvs.observed) if forget else []
         self._known -= {
             op.key for op in ipvs.plan if isinstance(op, DeleteService) and op not in failed
         }
-        return result, failed, gone
+        return result, gone
 
     def _refresh_fallback(self, keys: frozenset[VSKey]) -> None:
         """A partial pass on the fallback: a Service whose access changed with no IPVS
@@ -565,10 +492,6 @@ class Pipeline:
 
 Gone = list[tuple[VSKey, RSKey | None]]  # conntrack.udp_gone(): UDP flows to forget
 
-# Plans at least this large (a first sync, a big change) have a full pass's table advanced
-# while they are written: below it a thread costs more than the recording.
-OPTIMISTIC_RECORD = 1000
-
 
 @dataclass(frozen=True, slots=True)
 class _Observation:
@@ -576,7 +499,8 @@ class _Observation:
 
     ipvs: IpvsState
     repairs: tuple[str, ...]  # the backend's damage to rewrite (Kernel.damage)
-    companion: Future[Observed] | None  # its reading, done; None: no companion this pass
+    companion: Observed | None  # None: no companion this pass, or its reading failed
+    companion_error: str = ""  # why the companion's sets and chains could not be read
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ final objects wants; a partial pass runs at most one `ipset restore` (and no obs
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,7 +15,6 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy import pipeline as pipeline_module
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.sets import wanted
 from ipvsproxy.config import Config
@@ -110,64 +108,53 @@ def test_a_failed_companion_write_makes_the_next_pass_full():
     assert host.held() == host_wants(objects(3))
 
 
-class Meeting(FakeKernel):
-    """A FakeKernel that, when asked to, reads and writes only once the companion has started
-    reading or writing too (a pipeline doing one after the other makes it wait in vain)."""
+class Ordered(FakeKernel):
+    """A FakeKernel that records, in one list with the companion's, when it reads and writes."""
 
     def __init__(self, companion: Companion) -> None:
         super().__init__()
-        self.meet = True
-        self.met: list[str] = []
-        self.reading, self.writing = threading.Event(), threading.Event()
+        self.steps: list[str] = []
         observe, apply = companion.observe, companion.apply
 
         def observing() -> Any:
-            self.reading.set()
+            self.steps.append("companion read")
             return observe()
 
         def applying(plan: Any) -> None:
-            self.writing.set()
+            self.steps.append("companion wrote")
             apply(plan)
 
         companion.observe, companion.apply = observing, applying  # type: ignore[method-assign]
 
     def observe(self) -> Any:
-        if self.meet:
-            self.met.append("read" if self.reading.wait(WAIT) else "read alone")
+        self.steps.append("ipvs read")
         return super().observe()
 
     def apply(self, plan: Any, *, names: Any = None) -> Any:
-        if self.meet:
-            self.met.append("wrote" if self.writing.wait(WAIT) else "wrote alone")
-        else:
-            self.met.append("wrote first" if not self.writing.is_set() else "wrote after")
+        self.steps.append("ipvs wrote")
         return super().apply(plan, names=names)
 
 
-WAIT = 5.0  # seconds; reached only when the pipeline does not overlap the two
-
-
-def test_a_full_pass_reads_and_writes_ipvs_and_the_companion_together():
-    """A full pass's IPVS and companion steps overlap (overlap.py); a partial pass's IPVS
-    writes come first, as kube-proxy's order. Every result as in one after the other."""
+def test_a_pass_writes_ipvs_first_then_the_companion():
+    """kube-proxy's order: the IPVS table, then the rules and sets; a partial pass reads
+    nothing."""
     host = FakeHost()
     companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    kernel = Meeting(companion)
+    kernel = Ordered(companion)
     pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion)
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(3))
     result = pipeline.sync(tracker.take(), full=True)
-    assert kernel.met == ["read", "wrote"]
+    assert kernel.steps == ["ipvs read", "companion read", "ipvs wrote", "companion wrote"]
     assert result.ok
     assert result.companion_changes
     assert host.held() == host_wants(objects(3))
     assert len(kernel.state.services) == 3
 
-    kernel.meet, kernel.met = False, []
-    kernel.writing.clear()
+    kernel.steps = []
     feed(tracker, objects(4))
     result = pipeline.sync(tracker.take(), full=False)
-    assert kernel.met == ["wrote first"]
+    assert kernel.steps == ["ipvs wrote", "companion wrote"]
     assert result.ok
     assert host.held() == host_wants(objects(4))
 
@@ -255,21 +242,7 @@ def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, 
     assert again == kernel
 
 
-# ---- a large full pass: the table recorded while the operations go out ---------------------
-
-
-class WaitsForRecording(FakeKernel):
-    """A FakeKernel whose apply waits until the pipeline has started recording the plan in
-    its table (a pipeline recording after the write makes it wait in vain)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.recording = threading.Event()
-        self.met: list[str] = []
-
-    def apply(self, plan: Any, *, names: Any = None) -> Any:
-        self.met.append("alongside" if self.recording.wait(WAIT) else "alone")
-        return super().apply(plan, names=names)
+# ---- refused operations: the table holds what the kernel took -----------------------------
 
 
 def _table_of(pipeline: Pipeline) -> Any:
@@ -286,49 +259,26 @@ def _kernel_of(kernel: FakeKernel) -> Any:
     )
 
 
-def test_a_large_full_pass_records_its_table_while_the_operations_go_out(monkeypatch):
-    monkeypatch.setattr(pipeline_module, "OPTIMISTIC_RECORD", 1)
-    kernel = WaitsForRecording()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    settle = pipeline.table.settle
-
-    def recording(*args: Any) -> None:
-        kernel.recording.set()
-        settle(*args)
-
-    pipeline.table.settle = recording  # type: ignore[method-assign, assignment]
-    tracker = Tracker(node_name="node-a")
-    feed(tracker, objects(3))
-    assert pipeline.sync(tracker.take(), full=True).ok
-    assert kernel.met == ["alongside"]
-    assert _table_of(pipeline) == _kernel_of(kernel)
-
-
 @contextmanager
 def refusing(objs: list[dict[str, Any]], refused: set[int]) -> Iterator[tuple[Any, ...]]:
     """(kernel, pipeline, planned): a pipeline fed `objs` with its full pass planned, the
-    kernel refusing the operations at the indices in `refused`, every pass recording its
-    table while it writes (OPTIMISTIC_RECORD 1)."""
-    pipeline_module.OPTIMISTIC_RECORD, was = 1, pipeline_module.OPTIMISTIC_RECORD
-    try:
-        kernel = FakeKernel()
-        pipeline = Pipeline(kernel=kernel, config=CONFIG)
-        tracker = Tracker(node_name="node-a")
-        feed(tracker, objs)
-        pipeline.feed(tracker.take())
-        planned = pipeline.plan(full=True)
-        for index in refused:
-            if index < len(planned.ipvs.plan):
-                kernel.errors[planned.ipvs.plan[index]] = KernelError("refused")
-        yield kernel, pipeline, planned
-    finally:
-        pipeline_module.OPTIMISTIC_RECORD = was
+    kernel refusing the operations at the indices in `refused`."""
+    kernel = FakeKernel()
+    pipeline = Pipeline(kernel=kernel, config=CONFIG)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objs)
+    pipeline.feed(tracker.take())
+    planned = pipeline.plan(full=True)
+    for index in refused:
+        if index < len(planned.ipvs.plan):
+            kernel.errors[planned.ipvs.plan[index]] = KernelError("refused")
+    yield kernel, pipeline, planned
 
 
 @settings(max_examples=50, deadline=None)
 @given(refused=st.sets(st.integers(0, 40), max_size=6))
 def test_a_full_pass_with_refused_operations_records_only_what_the_kernel_took(refused):
-    """Recorded while written, then the kernel refuses some: the table is what it holds."""
+    """The kernel refuses some: the table is what it holds."""
     with refusing(objects(4), refused) as (kernel, pipeline, planned):
         result = pipeline.apply(planned)
         assert result.sync.report.failures or not any(i < len(planned.ipvs.plan) for i in refused)
@@ -348,82 +298,31 @@ def udp_objects(n: int) -> list[dict[str, Any]]:
 @settings(max_examples=50, deadline=None)
 @given(refused=st.sets(st.integers(0, 30), max_size=6))
 def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
-    """Found while a large full pass is written, then again where the kernel refused any:
-    the UDP virtual servers that got a first endpoint it did take (conntrack.udp_gone)."""
+    """The UDP virtual servers that got a first endpoint the kernel did take
+    (conntrack.udp_gone), whatever it refused."""
     from ipvsproxy.companion.conntrack import udp_gone
     from ipvsproxy.sync.engine import apply_pass
 
     with refusing(udp_objects(4), refused) as (kernel, pipeline, planned):
         ipvs = planned.ipvs
         pipeline.table.seed(ipvs.observed)
-        result, failed, gone = pipeline._written(
-            lambda: apply_pass(kernel, ipvs, names={}), ipvs, full=True, forget=True
+        result, gone = pipeline._written(
+            lambda: apply_pass(kernel, ipvs, names={}), ipvs, forget=True
         )
-        assert failed == {f.op for f in result.report.failures}
+        failed = {f.op for f in result.report.failures}
         assert gone == udp_gone(ipvs.plan, failed, before=ipvs.observed)
         assert len(gone) == len({key for key, _ in gone}) <= 4
         assert len(gone) == 4 or failed
 
 
-# ---- a full pass: the host read while the changes are translated ---------------------------
-
-
-class WaitsForFeed(FakeKernel):
-    """A FakeKernel whose observation and the pipeline's translation wait for each other to
-    start (a pipeline reading before or after translating makes one wait in vain)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.feeding, self.observing = threading.Event(), threading.Event()
-        self.met: list[str] = []
-
-    def observe(self) -> Any:
-        self.observing.set()
-        self.met.append("alongside" if self.feeding.wait(WAIT) else "alone")
-        return super().observe()
-
-
-def test_a_full_pass_reads_the_host_while_the_changes_are_translated():
-    kernel = WaitsForFeed()
-    host = FakeHost()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=Companion(commands=host))  # type: ignore[arg-type]
-    fed = pipeline.feed
-
-    def feeding(changes: Any) -> None:
-        kernel.feeding.set()
-        kernel.met.append("fed alongside" if kernel.observing.wait(WAIT) else "fed alone")
-        fed(changes)
-
-    pipeline.feed = feeding  # type: ignore[method-assign]
-    tracker = Tracker(node_name="node-a")
-    feed(tracker, objects(3))
-    planned = pipeline.plan_from(tracker.take(), full=True)
-    assert sorted(kernel.met) == ["alongside", "fed alongside"]
-    # the plan `plan()` makes after the same feed, companion included
-    other = Companion(commands=FakeHost())  # type: ignore[arg-type]
-    again = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=other)
-    feed(tracker, objects(3))
-    again.feed(tracker.take(everything=True))
-    expected = again.plan(full=True)
-    assert planned.ipvs.plan == expected.ipvs.plan
-    assert planned.companion == expected.companion
-    assert planned.companion is not None
-    assert pipeline.apply(planned).ok
-    kernel.met.clear()  # a partial pass reads nothing while it translates
-    kernel.observing.set()
-    assert pipeline.sync(tracker.take(), full=False).ok
-    assert kernel.met == ["fed alongside"]
-
-
 @settings(max_examples=300, deadline=None)
 @given(states(), foreign_states(), states(), st.booleans())
-def test_a_full_pass_taken_whole_settles_the_table_as_its_operations_would(
+def test_the_table_advances_as_the_kernel_and_never_changes_what_it_was_seeded_from(
     ours, foreign, after, bound
 ):
-    """Table.settle (a full pass the kernel took whole) leaves exactly the table that
-    seeding from the observation and advancing by each operation leaves, from any state
-    (someone else's virtual servers too) to any other, addresses managed or not; each
-    planned destination is the planned object."""
+    """Seeded from an observation and advanced by a plan's operations, from any state
+    (someone else's virtual servers too) to any other, addresses managed or not, the table
+    holds what the kernel then holds; the observation it shares maps with is unchanged."""
     from ipvsproxy.model import IpvsState
     from ipvsproxy.pipeline import Table
     from ipvsproxy.sync.plan import plan
@@ -431,18 +330,20 @@ def test_a_full_pass_taken_whole_settles_the_table_as_its_operations_would(
     before = IpvsState(  # the foreign virtual servers' addresses not on our device
         {**foreign.services, **ours.services}, {**foreign.dests, **ours.dests}, ours.bound
     )
+    kept = copy.deepcopy(before)
     ops = plan(after, before, ownership=OWN, manage_addresses=bound)
-    advanced, settled = Table(), Table()
-    advanced.seed(before)
-    advanced.advance(ops)
-    settled.settle(before, after, ops)
-    assert (settled.services, settled.dests, settled.bound) == (
-        advanced.services,
-        advanced.dests,
-        advanced.bound,
+    table = Table()
+    table.seed(before)
+    table.advance(ops)
+    kernel = FakeKernel(copy.deepcopy(before))
+    assert kernel.apply(ops).ok
+    assert _table_of_table(table) == _kernel_of(kernel)
+    assert before == kept
+
+
+def _table_of_table(table: Any) -> Any:
+    return (
+        dict(table.services),
+        {key: dict(dests) for key, dests in table.dests.items()},
+        set(table.bound),
     )
-    for key, dests in after.dests.items():
-        assert all(settled.dests[key][rs] is server for rs, server in dests.items())
-    planned = copy.deepcopy(after)
-    settled.advance(plan(ours, after, ownership=OWN, manage_addresses=bound))  # and back
-    assert after == planned  # what it shares with the plan stays as it was

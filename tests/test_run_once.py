@@ -1,11 +1,9 @@
-"""agent.run_once's order: the manifests are parsed while the backend opens and the other
-backend's leftovers are looked for, and nothing on the node changes (settings, leftovers,
-the sync) before the input is known good, nor without a backend; bad input is reported
-before a missing backend."""
+"""agent.run_once's order: the manifests are parsed first, and nothing on the node changes
+(settings, leftovers, the sync) before the input is known good, nor without a backend; bad
+input is reported before a missing backend."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +19,6 @@ from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
 
 CONFIG = Config(node_name="node-a")
-WAIT = 5.0  # seconds; reached only when parsing and opening the backend do not overlap
 
 
 class Node:
@@ -31,7 +28,6 @@ class Node:
         self.steps: list[str] = []
         self.kernel = FakeKernel()
         self.leftovers = list(leftovers)
-        self.backend_open = threading.Event()
 
 
 @pytest.fixture
@@ -41,7 +37,6 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Node:
     @contextmanager
     def open_backend(config: Config) -> Iterator[Backend]:
         host.steps.append("open backend")
-        host.backend_open.set()
         yield Backend(host.kernel, IPVS, "test")
 
     def remove_leftovers(backend: Backend, config: Config, *, dry_run: bool = False) -> list[str]:
@@ -59,13 +54,11 @@ def host(monkeypatch: pytest.MonkeyPatch) -> Node:
 
 
 def good_changes(monkeypatch: pytest.MonkeyPatch, host: Node) -> None:
-    """changes_from as the real one, but it finishes only once the backend is open: a run
-    that parsed first and opened the backend after would wait in vain."""
+    """changes_from as the real one, recorded among the steps."""
     real = agent.changes_from
 
     def parse(source: agent.Source, config: Config) -> Any:
-        opened = host.backend_open.wait(WAIT)
-        host.steps.append("parsed" if opened else "parsed, the backend not open meanwhile")
+        host.steps.append("parsed")
         return real(source, config)
 
     monkeypatch.setattr(agent, "changes_from", parse)
@@ -81,11 +74,13 @@ def manifest(tmp_path: Path) -> Path:
     return path
 
 
-def test_parsing_overlaps_opening_the_backend_and_writes_wait_for_it(host, monkeypatch, tmp_path):
+def test_the_input_is_parsed_before_the_backend_opens_and_the_node_is_prepared(
+    host, monkeypatch, tmp_path
+):
     good_changes(monkeypatch, host)
     result = agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
     assert result.ok
-    assert host.steps == ["open backend", "look for leftovers", "parsed", "prepare"]
+    assert host.steps == ["parsed", "open backend", "prepare", "remove leftovers"]
     assert len(host.kernel.state.services) == 1
 
 
@@ -93,7 +88,7 @@ def test_leftovers_found_are_removed_after_the_input_is_known_good(host, monkeyp
     host.leftovers = ["iptables: chain IPVSPX-SERVICES"]
     good_changes(monkeypatch, host)
     agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
-    assert host.steps[-3:] == ["parsed", "prepare", "remove leftovers"]
+    assert host.steps == ["parsed", "open backend", "prepare", "remove leftovers"]
     assert host.leftovers == []
 
 

@@ -14,13 +14,12 @@ Why the ipset tool and not pyroute2: pyroute2's IPSet sends one netlink request 
 (and its API for `ip,port` entries with a protocol is awkward); `ipset restore` sends the
 whole batch from C. Measured natively, 2,000 hash:ip entries: pyroute2 `IPSet.add` 1.18 s
 (590 us each), `ipset restore` 0.018 s. Sets are filled before the rules that match them
-are written (on a fresh host, one without any of ipvsproxy's sets and rules, while they are
-written: see `Companion.apply`); a set with many changes is rebuilt as a temporary set and
-swapped in atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
+are written; a set with many changes is rebuilt as a temporary set and swapped in
+atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
 sets they reference.
 
 Imports: companion.sets, companion.ipset, companion.nlread, companion.nlwrite,
-companion.rules, iptables (its parser, transaction and Commands), overlap, errors, the
+companion.rules, iptables (its parser, transaction and Commands), errors, the
 standard library.
 """
 
@@ -56,7 +55,6 @@ from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
-from ipvsproxy.overlap import alongside
 
 __all__ = [
     "BULK",
@@ -83,8 +81,6 @@ class CompanionPlan:
     sets: tuple[SetChange, ...] = ()
     restores: tuple[tuple[int, str, str], ...] = ()  # (IP version, table, restore input)
     stale_sets: tuple[str, ...] = ()  # ipvsproxy's, no longer used: destroyed after rules
-    # the host had none of ipvsproxy's sets, chains or jumps: no packet depends on any yet
-    fresh: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.sets or self.restores or self.stale_sets)
@@ -141,10 +137,7 @@ def plan_companion(
             if payload:
                 restores.append((version, table, payload))
     stale = tuple(sorted(set(observed.sets.sets) - set(wanted.sets)))
-    fresh = not observed.sets.sets and not any(
-        s.chains or s.jumps for s in observed.chains.values()
-    )
-    return CompanionPlan(tuple(changes), tuple(restores), stale, fresh)
+    return CompanionPlan(tuple(changes), tuple(restores), stale)
 
 
 @dataclass
@@ -235,28 +228,12 @@ class Companion:
         return plan_companion(wanted, self.observe(), self.options, self.versions)
 
     def apply(self, plan: CompanionPlan) -> None:
-        """Sets first (the rules match them), then rules, then unused sets. KernelError.
-
-        On a fresh host (none of ipvsproxy's sets or rules: no packet goes through any of
-        them yet) the sets are created, then their entries written while the rules are
-        restored (overlap.py: `iptables-restore` is a wait, the entries netlink encoding):
-        every state in between is part of the final one, on a host that had none of it. A
-        cold sync at 1000x10 in the VM: 5,500 entries (0.45 s) beside the restores (0.5 s)."""
-        commands = set_commands(plan.sets)
-        creates = [c for c in commands if c.verb == "create"]
-        if plan.fresh and plan.restores and len(creates) < len(commands):
-            self._write(creates)
-            with alongside(lambda: self._restore(plan), name="companion rules") as rules:
-                self._write([c for c in commands if c.verb != "create"])
-            rules.result()
-        else:
-            self._write(commands)
-            self._restore(plan)
-        self._write(destroy_commands(plan.stale_sets))
-
-    def _restore(self, plan: CompanionPlan) -> None:
+        """Sets first, filled (the rules match them), then rules, then unused sets.
+        KernelError."""
+        self._write(set_commands(plan.sets))
         for version, _table, payload in plan.restores:
             restore(self.commands, version, payload)
+        self._write(destroy_commands(plan.stale_sets))
 
     def _write(self, commands: list[SetCommand]) -> None:
         """Over netlink with a writer, else one `ipset restore -exist`. KernelError."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from ipaddress import ip_address, ip_network
 from pathlib import Path
 
@@ -254,32 +253,23 @@ def test_the_companion_restores_wait_for_the_xtables_lock():
     ]
 
 
-# ---- a fresh host: entries written while the rules are restored --------------------------
-
-WAIT = 5.0  # seconds a step waits for the other to start: far longer than either takes here
+# ---- the order of writes: sets filled before the rules that match them -------------------
 
 
-class MeetingHost(RecordingCommands):
-    """A host whose entry writes (the set writer) wait until a rules restore has started,
-    and record whether it had; a companion writing one after the other waits in vain."""
+class OrderHost(RecordingCommands):
+    """A host recording the verbs of each set write and each rules restore, in order."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.restoring = threading.Event()
-        self.writes: list[tuple[str, ...]] = []  # the verbs of each write, in order
-        self.met: list[str] = []
+        self.writes: list[tuple[str, ...]] = []
 
     def run(self, args, *, stdin=None):
         if args[0].endswith("tables-restore"):
             self.writes.append(("restore",))
-            self.restoring.set()
         return super().run(args, stdin=stdin)
 
     def write(self, commands: list[SetCommand]) -> int:
-        verbs = tuple(c.verb for c in commands)
-        if any(verb in ("add", "del") for verb in verbs):
-            self.met.append("alongside" if self.restoring.wait(WAIT) else "alone")
-        self.writes.append(verbs)
+        self.writes.append(tuple(c.verb for c in commands))
         return 1
 
 
@@ -296,35 +286,22 @@ def _plan_on(observed: Observed) -> CompanionPlan:
     return plan_companion(sets, observed, Options(), versions=(4,))
 
 
-def test_on_a_fresh_host_the_entries_go_in_while_the_rules_are_restored():
-    from ipvsproxy.companion.kernel import Companion
-
-    plan = _plan_on(Observed(SetState({}), {}))
-    assert plan.fresh
-    host = MeetingHost()
-    companion = Companion(commands=host, writer=host, versions=(4,))  # type: ignore[arg-type]
-    companion.apply(plan)
-    assert host.met == ["alongside"]
-    assert set(host.writes[0]) == {"create"}  # the rules name the sets: they exist first
-    assert ("restore",) in host.writes[1:]
-
-
-def test_a_host_with_any_of_ours_gets_sets_then_rules():
-    """Sets filled before the rules that match them, as ever, where packets may use them."""
+def test_sets_are_created_and_filled_before_the_rules_that_match_them():
+    """On a fresh host and on one holding any of ours alike: no rule ever matches a set
+    that is missing or not yet filled."""
     from ipvsproxy.companion.kernel import Companion
 
     fresh = _plan_on(Observed(SetState({}), {}))
     one_set = fresh.sets[0]
     seen = {one_set.name: (one_set.kind, one_set.version, frozenset[str]())}
     for observed in (
+        Observed(SetState({}), {}),
         Observed(SetState(seen), {}),
         Observed(SetState({}), {(4, "nat"): Saved(chains={"IPVSPROXY-SERVICES": ()})}),
         Observed(SetState({}), {(4, "filter"): Saved(jumps=(("INPUT", "-j IPVSPROXY-X"),))}),
     ):
         plan = _plan_on(observed)
-        assert not plan.fresh
-        host = MeetingHost()
-        host.restoring.set()  # nothing waits: the order is what is checked
+        host = OrderHost()
         companion = Companion(commands=host, writer=host, versions=(4,))  # type: ignore[arg-type]
         companion.apply(plan)
         restores = [i for i, verbs in enumerate(host.writes) if verbs == ("restore",)]
