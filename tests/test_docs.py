@@ -1,0 +1,50 @@
+"""The documentation: the CLI reference is current, the README short, every relative link good."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def cli_docs() -> ModuleType:
+    """scripts/cli-docs as a module (it has no .py suffix); it imports only ipvsproxy.cli."""
+    path = ROOT / "scripts" / "cli-docs"
+    loader = importlib.machinery.SourceFileLoader("cli_docs", str(path))
+    spec = importlib.util.spec_from_loader("cli_docs", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_cli_reference_is_generated_from_the_current_help():
+    script = cli_docs()
+    current = script.DOC.read_text()
+    assert script.splice(current, script.generate()) == current, (
+        "docs/cli.md's command reference is stale: run scripts/cli-docs"
+    )
+
+
+def test_the_readme_has_at_most_200_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def test_every_relative_link_points_to_a_file_that_exists():
+    broken = []
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)  # code is not links
+        for target in LINK.findall(text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # a URL (https:, mailto:) or an anchor in the same page
+            path = target.split("#", 1)[0]
+            if not (doc.parent / path).exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, "links to missing files:\n" + "\n".join(broken)
