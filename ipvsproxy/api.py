@@ -22,10 +22,10 @@ import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import ip_address, ip_network
+from ipaddress import IPv4Address, ip_address, ip_network
 from typing import Any
 
-from ipvsproxy.model import IPAddress, IPNetwork, Proto, ipv4_from_packed
+from ipvsproxy.model import IPAddress, IPNetwork, Proto
 
 RawObject = Mapping[str, Any]
 
@@ -682,7 +682,8 @@ def _ip(value: object, where: str) -> IPAddress:
         if ":" not in value:
             # inet_pton takes exactly what ipaddress takes for IPv4 (four decimal parts,
             # no leading zeros) and is ~10x faster: every endpoint of every slice passes here
-            return ipv4_from_packed(socket.inet_pton(socket.AF_INET, value))
+            socket.inet_pton(socket.AF_INET, value)  # the strict IPv4 syntax, as kube-apiserver
+            return IPv4Address(value)
         if "%" not in value:  # a scoped IPv6 address (fe80::1%eth0) is no Service address
             return ip_address(value)
     except (OSError, ValueError):  # UnicodeEncodeError (non-ASCII text) is a ValueError

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipvsproxy import model
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.model import (
     EMPTY,
@@ -18,7 +17,6 @@ from ipvsproxy.model import (
     BindAddress,
     DeleteDest,
     DeleteService,
-    Forward,
     Proto,
     RealServer,
     RSKey,
@@ -122,30 +120,3 @@ def fields_of(obj: object) -> tuple[object, ...]:
     """What the generated dataclass __eq__ compares: the fields, keys by their fields."""
     values = tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.compare)  # type: ignore[arg-type]
     return tuple(fields_of(v) if isinstance(v, RSKey | VSKey) else v for v in values)
-
-
-@given(
-    st.tuples(ADDRESSES, SMALL, st.sampled_from(list(Proto)), SMALL),
-    st.tuples(ADDRESSES, SMALL, st.sampled_from(list(Proto)), SMALL),
-    st.tuples(ADDRESSES, SMALL, SMALL, st.sampled_from(list(Forward)), SMALL, SMALL),
-    st.tuples(ADDRESSES, SMALL, SMALL, st.sampled_from(list(Forward)), SMALL, SMALL),
-)
-def test_keys_and_destinations_compare_as_their_fields_do(vs_a, vs_b, rs_a, rs_b):
-    """VSKey, RSKey and RealServer compare in one call each (model.same_address): exactly
-    as the generated __eq__ would, families apart (::a00:1 holds 10.0.0.1's integer)."""
-    pairs: list[tuple[object, object]] = []
-    pairs += [(VSKey(*vs_a), VSKey(*vs_b)), (VSKey(*vs_a), VSKey(*vs_a))]
-    for x, y in ((rs_a, rs_b), (rs_a, rs_a)):
-        keys = RSKey(*x[:2]), RSKey(*y[:2])
-        pairs += [keys, (RealServer(keys[0], *x[2:]), RealServer(keys[1], *y[2:]))]
-    for a, b in pairs:
-        assert (a == b) is (fields_of(a) == fields_of(b))
-        assert (a != b) is (fields_of(a) != fields_of(b))
-        assert hash(a) == hash(b) or a != b  # VSKey's is worked out once, at construction
-        assert a != (a,)  # never equal to anything else
-        assert a != fields_of(a)
-
-
-@given(st.ip_addresses())
-def test_address_text_is_str(address):
-    assert model.address_text(address) == str(address)

@@ -27,7 +27,7 @@ from ipvsproxy.companion.ipset import (
     maxelem_for,
     too_small,
 )
-from ipvsproxy.companion.sets import Entry, Local, SetState, all_sets, entries_for
+from ipvsproxy.companion.sets import Entry, SetState, all_sets, entries_for
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
 from ipvsproxy.policy import FrontendPolicy, frontend_policy
 from ipvsproxy.sync.desired import Access
@@ -188,7 +188,6 @@ def _made(
     local: Container[IPAddress],
 ) -> Iterator[tuple[VSKey, frozenset[Entry]]]:
     """Each key's entries in the synced state (none: gone from it)."""
-    local = Local.of(local)
     # a few distinct policies among many virtual servers: each worked out once
     policies: dict[tuple[Access | None, bool], FrontendPolicy] = {}
     for key in keys:

@@ -34,8 +34,6 @@ from ipvsproxy.model import (
     Proto,
     RSKey,
     VSKey,
-    address_key,
-    address_text,
 )
 from ipvsproxy.policy import Frontend, FrontendPolicy, Masquerade, frontend_policy
 from ipvsproxy.sync.desired import Access
@@ -93,7 +91,6 @@ def wanted(
     servers. `local`: the addresses of this node's endpoints (`Desired.local_endpoints`);
     only they get LOOP-BACK entries."""
     entries: dict[str, set[str]] = {name: set() for name, _, _ in all_sets()}
-    local = Local.of(local)
     for key in state.services:
         dests = state.dests.get(key, {})
         bound = key.address in state.bound
@@ -101,29 +98,6 @@ def wanted(
             entries[name].add(entry)
     kinds = {name: (kind, version) for name, kind, version in all_sets()}
     return SetState({name: (*kinds[name], frozenset(found)) for name, found in entries.items()})
-
-
-class Local:
-    """This node's endpoint addresses, looked up by class and integer: an IPv4Address's own
-    hash is Python code, and a full pass asks about every destination (12,000 at 1000x10).
-    Built once per pass (`Local.of`), not per virtual server."""
-
-    __slots__ = ("ids", "numbers")
-
-    def __init__(self, addresses: Iterable[IPAddress]) -> None:
-        self.ids = frozenset(address_key(a) for a in addresses)
-        # the integers alone: most destinations are not local, and this asks without
-        # building a key for each (`ids` then tells the families apart)
-        self.numbers = frozenset(number for _, number in self.ids)
-
-    @classmethod
-    def of(cls, addresses: Container[IPAddress]) -> Local:
-        if isinstance(addresses, Local):
-            return addresses
-        return cls(addresses)  # type: ignore[arg-type]  # every caller's is also iterable
-
-    def __contains__(self, address: object) -> bool:
-        return address_key(address) in self.ids  # type: ignore[arg-type]
 
 
 def entries_for(
@@ -144,16 +118,16 @@ def entries_for(
         return frozenset()
     if policy is None:
         policy = frontend_policy(access, bound=bound)
-    return frozenset(_entries(key, policy, dests, Local.of(local)))
+    return frozenset(_entries(key, policy, dests, local))
 
 
 def _entries(
-    key: VSKey, policy: FrontendPolicy, dests: Iterable[RSKey], local: Local
+    key: VSKey, policy: FrontendPolicy, dests: Iterable[RSKey], local: Container[IPAddress]
 ) -> list[Entry]:
     """The set entries one virtual server contributes."""
     names = _NAMES[key.address.version]
     proto = _proto(key.proto)
-    ip_port = f"{address_text(key.address)},{proto}:{key.port}"
+    ip_port = f"{key.address},{proto}:{key.port}"
     out = []
     if policy.frontend is Frontend.CLUSTER_IP:
         out.append((names[CLUSTER_IP], ip_port))  # masqueraded as the node policy says
@@ -162,17 +136,15 @@ def _entries(
         out.append((names[spec], ip_port))
     if policy.port_filter:
         out.append((names[SERVICE_PORTS], ip_port))
-        out.append((names[VIPS], address_text(key.address)))
+        out.append((names[VIPS], str(key.address)))
     if policy.firewalled:  # LoadBalancer frontends only: others are never filtered
         out.append((names[LB_FW], ip_port))
         for net in policy.allowed(key.address.version):
             for part in _splittable(net):
                 out.append((names[LB_SOURCE], f"{ip_port},{_net(part)}"))
-    numbers, ids = local.numbers, local.ids
     for rs in dests:  # kube-proxy: a hairpin can only start on the pod's node
-        address = rs.address
-        if address._ip in numbers and (type(address), address._ip) in ids:  # type: ignore[union-attr]  # address_key
-            text = address_text(address)
+        if rs.address in local:
+            text = str(rs.address)
             out.append((names[LOOP_BACK], f"{text},{proto}:{rs.port},{text}"))
     return out
 

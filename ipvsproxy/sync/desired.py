@@ -289,7 +289,6 @@ def _flags(choice: Choice, svc: ServiceView) -> ServiceFlags:
 
 def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Backends:
     """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
-    # keyed by model.address_key (inlined): every endpoint of every port of a translation
     name, protocol = port.name, port.protocol
     matched = [
         (s, numbers[0])
@@ -298,17 +297,17 @@ def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Bac
     ]
     if len(matched) == 1:  # one slice (most Services): a duplicate-free one is taken as it is
         ((s, number),) = matched
-        unique = {(type(ep.address), ep.address._ip) for ep in s.endpoints}  # type: ignore[union-attr]
+        unique = {ep.address for ep in s.endpoints}
         if len(unique) == len(s.endpoints):
             return [(ep, number) for ep in s.endpoints]
-    found: dict[tuple[type, int, int], EndpointView] = {}
+    found: dict[tuple[IPAddress, int], EndpointView] = {}
     for s, number in matched:
         for ep in s.endpoints:
-            key = (type(ep.address), ep.address._ip, number)  # type: ignore[union-attr]
+            key = (ep.address, number)
             seen = found.get(key)
             if seen is None or (ep.ready and not seen.ready):  # a duplicate: prefer ready
                 found[key] = ep
-    return [(ep, number) for (_, _, number), ep in found.items()]
+    return [(ep, number) for (_, number), ep in found.items()]
 
 
 def local_ready_endpoints(

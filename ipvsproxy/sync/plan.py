@@ -27,7 +27,6 @@ from ipvsproxy.model import (
     UpdateDest,
     UpdateService,
     VSKey,
-    add_dests,
     addr_order,
     rs_order,
     vs_order,
@@ -82,7 +81,7 @@ def _dest_changes(
     if want == have:  # the steady state: nothing to compare one by one
         return
     if not have:  # a new service: everything is an add, in the desired (translation) order
-        upserts += add_dests(key, want.values())
+        upserts += [AddDest(key, rs) for rs in want.values()]
         return
     for rs_key in sorted(want, key=rs_order):
         seen = have.get(rs_key)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import fields
+from ipaddress import IPv4Address
 from socket import AF_INET, inet_pton
 from typing import Any
 
@@ -40,7 +41,7 @@ from ipvsproxy.api import (
     slice_head,
     with_endpoints,
 )
-from ipvsproxy.model import IPAddress, ipv4_from_packed
+from ipvsproxy.model import IPAddress
 
 _SERVICE, _SLICE = "Service", "EndpointSlice"
 
@@ -138,7 +139,8 @@ def _endpoints(items: list[_Endpoint] | tuple[()], version: int) -> tuple[Endpoi
         text = addresses[0]
         if version == 4 and ":" not in text:
             try:  # api._ip's IPv4 path, without its checks of what msgspec checked
-                address: IPAddress = ipv4_from_packed(inet_pton(AF_INET, text))
+                inet_pton(AF_INET, text)
+                address: IPAddress = IPv4Address(text)
             except (OSError, ValueError):  # ValueError: a NUL in the text
                 return None
         else:
@@ -186,7 +188,7 @@ def _view(
 
 
 def _check_view() -> None:
-    sample = ipv4_from_packed(bytes((192, 0, 2, 1)))
+    sample = IPv4Address("192.0.2.1")
     if len(_SETTERS) != 7 or _view(
         sample, True, False, True, "n"
     ) != EndpointView(  # pragma: no cover
