@@ -11,8 +11,8 @@ REPEAT runs; compare them only as ratios within one run (the VM emulates every i
   ipvsproxy apply (cold)          plan(desired, empty) + NetlinkKernel.apply
   pyroute2, one call per object   IPVS().service("add")/dest("add") per object (small size)
   ipvsadm -S -n                   dumping the table (the floor for observe)
-  ipvsproxy observe               NetlinkKernel(legacy=False).observe(): netlink only
-  observe via getsockopt          NetlinkKernel().observe(): IPv4 services via IP_VS_SO_GET_*
+  ipvsproxy observe               NetlinkKernel().observe(): a service dump, a destination
+                                  dump per service
   ipvsproxy no-op sync            observe + plan with nothing to do
   ipvsproxy sync, k changes       observe + plan + apply when k destinations change weight
   VIPs, pyroute2 per address      IPRoute.addr("add"/"del") per address, then get_addr(index=)
@@ -145,8 +145,6 @@ def loaded_measures(state: IpvsState, changes: int, repeat: int) -> dict[str, fl
                 "ipvsadm -S -n": [],
                 "observe": [],
                 "again": [],
-                "sockopt observe": [],
-                "sockopt again": [],
             }
             for _ in range(repeat):
                 runs["ipvsadm -S -n"].append(
@@ -159,27 +157,13 @@ def loaded_measures(state: IpvsState, changes: int, repeat: int) -> dict[str, fl
                     )
                 )
                 with inside(ns):
-                    fresh = NetlinkKernel(device="bench0", legacy=False)
+                    fresh = NetlinkKernel(device="bench0")
                 with fresh:
-                    runs["observe"].append(timed(fresh.observe))  # nothing decoded before
+                    runs["observe"].append(timed(fresh.observe))  # a new kernel object
                     runs["again"].append(timed(fresh.observe))  # every resync after the first
-                    by_netlink = fresh.observe()
-                with inside(ns):  # the getsockopt socket answers for the namespace it is in
-                    legacy = NetlinkKernel(device="bench0")
-                with legacy:
-                    runs["sockopt observe"].append(timed(legacy.observe))
-                    runs["sockopt again"].append(timed(legacy.observe))
-                    assert legacy.observe() == by_netlink
             out.update({name: statistics.median(times) for name, times in runs.items()})
             kernel.observe()  # the syncs below are resyncs: the kernel object has observed
             out["no-op sync"] = timed(lambda: plan(state, kernel.observe(), ownership=OWN))
-            with inside(ns):
-                netlink = NetlinkKernel(device="bench0", legacy=False)
-            with netlink:
-                netlink.observe()
-                out["no-op sync, netlink"] = timed(
-                    lambda: plan(state, netlink.observe(), ownership=OWN)
-                )
             changed = reweighted(state, changes)
             ops: list[int] = []
 
@@ -309,9 +293,6 @@ def main() -> None:
         ("observe", "ipvsadm -S -n (floor)", size, dump_floor, dump_floor),
         ("observe", "ipvsproxy observe(), first", size, loaded["observe"], dump_floor),
         ("observe", "ipvsproxy observe(), resync", size, loaded["again"], dump_floor),
-        ("observe", "observe via getsockopt, first", size, loaded["sockopt observe"], dump_floor),
-        ("observe", "observe via getsockopt, resync", size, loaded["sockopt again"], dump_floor),
-        ("sync", "no changes, netlink", size, loaded["no-op sync, netlink"], dump_floor),
         ("sync", "no changes (observe+plan)", size, loaded["no-op sync"], dump_floor),
         ("sync", f"{args.changes} changed weights, all", size, loaded["k-change sync"], dump_floor),
         (

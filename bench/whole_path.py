@@ -430,6 +430,8 @@ def _agent_measure(
     run.log.poll()
     for error in run.log.errors:
         out.problem(f"agent logged: {error}")
+    if args.show_syncs:
+        out.notes += [f"sync at {s.seen - started:.1f} s: {s.msg}" for s in run.log.syncs]
 
 
 def first_sync(
@@ -589,6 +591,7 @@ def main() -> None:
     parser.add_argument("--min-sync-period", type=float, default=1.0, help="the agent's")
     parser.add_argument("--idle", type=int, default=3, help="idle resyncs measured (median)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before a change")
+    parser.add_argument("--show-syncs", action="store_true", help="every sync line, at the end")
     parser.add_argument(
         "--first-change-after", type=float, default=20.0,
         help="one slice change this many seconds after the first sync (-1: none)",

@@ -201,12 +201,12 @@ def test_a_larger_table_observed_first_and_again_equals_ipvsadm_save(kernel):
     assert again == observed
 
 
-# ---- observe() through the legacy getsockopt interface (issue 13) ---------------------------
+# ---- observe(): every setting, every family, firewall marks ---------------------------------
 
 
 def _mixed_table() -> list[AddService | AddDest]:
-    """Every setting observe() reads, on IPv4 (getsockopt), IPv6 and firewall-mark services
-    (netlink): weights 0, thresholds, forwarding methods, persistence with timeouts, sh/mh
+    """Every setting observe() reads, on IPv4, IPv6 and firewall-mark services: weights 0,
+    thresholds, forwarding methods, persistence with timeouts, sh/mh
     scheduler flags, TCP/UDP/SCTP."""
     from ipvsproxy.model import Forward, ServiceFlags
 
@@ -253,13 +253,10 @@ def mixed(kernel):
     return ops
 
 
-def test_getsockopt_and_netlink_observe_the_same_table(kernel, mixed):
-    with NetlinkKernel(legacy=False) as netlink, NetlinkKernel() as legacy:
-        assert legacy._legacy is not None  # the getsockopt path is taken
-        by_netlink = netlink.observe()
-        first, again = legacy.observe(), legacy.observe()
-    assert first == by_netlink
-    assert again == by_netlink
+def test_observe_reads_every_setting_as_ipvsadm_shows_it(kernel, mixed):
+    with NetlinkKernel() as fresh:
+        first, again = fresh.observe(), fresh.observe()
+    assert again == first
     saved = parse_save(ipvsadm_save())  # which never prints thresholds
     unthresholded = {
         key: {
@@ -270,68 +267,26 @@ def test_getsockopt_and_netlink_observe_the_same_table(kernel, mixed):
     assert (first.services, unthresholded) == (saved.services, saved.dests)
     assert {k.address.version for k in first.services} == {4, 6}
     assert any(k.fwmark for k in first.services)
-    # the real kernel's service dump: the IPv4 address/port services are recognised
-    # undecoded (the resync skips them there), the rest decoded
-    from ipvsproxy.netlink import codec, fast, sockopt
-
-    with NetlinkKernel(legacy=False) as netlink:
-        chunks = netlink._genl.dump_raw(codec.CMD_GET_SERVICE)
-    unlisted = {vs.key for vs in fast.ServiceDecoder().decode(chunks, unlisted=True)}
-    assert unlisted == {k for k in first.services if not sockopt.lists(k)}
+    for op in mixed:  # the thresholds ipvsadm does not print, too
+        if isinstance(op, AddDest):
+            assert first.dests[op.service][op.rs.key] == op.rs
 
 
-def test_getsockopt_connection_counts_equal_netlinks(kernel, mixed):
-    with NetlinkKernel(legacy=False) as netlink, NetlinkKernel() as legacy:
-        for key in netlink.observe().services:
-            assert legacy.destinations(key) == netlink.destinations(key), key
-        gone = VSKey(ip_address("10.98.9.9"), 1, Proto.TCP)
-        assert legacy.destinations(gone) == netlink.destinations(gone) == []
+def test_connection_counts_of_a_gone_service_are_none(kernel, mixed):
+    gone = VSKey(ip_address("10.98.9.9"), 1, Proto.TCP)
+    assert kernel.destinations(gone) == []
 
 
-def test_getsockopt_a_service_gone_or_changed_since_listed(kernel, mixed, monkeypatch):
-    """A listed service deleted before its destinations are asked for is left out; one
-    whose destination count differs from the listed one is read over netlink."""
-    from ipvsproxy.netlink import sockopt
-
-    with NetlinkKernel(legacy=False) as netlink:
-        want = netlink.observe()
-    listed = sockopt.SockoptReader.services
-
-    def stale(self):
-        out = [(vs, max(0, count + i % 3 - 1)) for i, (vs, count) in enumerate(listed(self))]
-        ghost = VirtualServer(VSKey(ip_address("10.98.9.9"), 1, Proto.TCP))
-        return [*out, (ghost, 2)]
-
-    monkeypatch.setattr(sockopt.SockoptReader, "services", stale)
-    with NetlinkKernel() as legacy:
-        assert legacy.observe() == want
-        assert legacy._legacy is not None
-
-
-def test_getsockopt_refused_falls_back_to_netlink(kernel, mixed, monkeypatch):
-    import errno
-
-    from ipvsproxy.netlink import sockopt
-
-    with NetlinkKernel(legacy=False) as netlink:
-        want = netlink.observe()
-    with NetlinkKernel() as legacy:
-        monkeypatch.setattr(sockopt.SockoptReader, "_get", lambda *a: errno.EPERM)
-        assert legacy.observe() == want
-        assert legacy._legacy is None  # netlink alone from now on
-        assert legacy.observe() == want
-
-
-def test_getsockopt_reads_the_namespace_it_was_opened_in(kernel, mixed):
+def test_a_kernel_reads_the_namespace_it_was_opened_in(kernel, mixed):
     from integration.lab import inside, sh
 
-    sh("ip", "netns", "add", "sockopt1")
+    sh("ip", "netns", "add", "nsread1")
     try:
-        sh("ip", "-n", "sockopt1", "link", "set", "lo", "up")
+        sh("ip", "-n", "nsread1", "link", "set", "lo", "up")
         key = VSKey(ip_address("10.99.0.1"), 80, Proto.TCP)
         rs = RealServer(RSKey(ip_address("10.99.1.1"), 8080), weight=3)
-        with inside("sockopt1"):
-            inner = NetlinkKernel(device="sockopt0")
+        with inside("nsread1"):
+            inner = NetlinkKernel(device="nsread0")
         with inner:
             assert inner.apply([AddService(VirtualServer(key)), AddDest(key, rs)]).ok
             state = inner.observe()
@@ -341,7 +296,7 @@ def test_getsockopt_reads_the_namespace_it_was_opened_in(kernel, mixed):
             [op for op in mixed if isinstance(op, AddService)]
         )
     finally:
-        sh("ip", "netns", "del", "sockopt1")
+        sh("ip", "netns", "del", "nsread1")
 
 
 # ---- VIPs on the dummy device: one batch per run of address operations (rtnl.py) ----------

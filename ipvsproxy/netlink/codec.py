@@ -1,13 +1,14 @@
-"""Encode IPVS generic-netlink requests and decode replies: pure functions over bytes.
+"""The IPVS generic-netlink codec: requests encoded and replies decoded, pure functions over
+bytes (owns no socket).
 
-Why not pyroute2's `ipvsmsg` for this: encoding one request through pyroute2's declarative
-NLA classes costs about 2,000 Python calls; measured in the IPVS VM, one pyroute2 call per
-object loads 1000x10 rules 20-30x slower than `ipvsadm -R`, and its dump decoding is 5-20x
-slower than `ipvsadm -S -n`. These are the hot paths of every sync, so they are written here
-with `struct`, and `tests/netlink/test_codec.py` checks the bytes against pyroute2's own
-encoding of the same messages (no socket or root needed).
+The attribute layouts are data, copied from include/uapi/linux/ip_vs.h the way pyroute2
+describes messages (its `ipvsmsg` classes): one table per attribute space (`SERVICE`,
+`DEST`, `COMMAND`), used both to encode (`pack`) and to decode (`unpack`). Why not pyroute2's
+classes themselves: they build each message through ~2,000 Python calls, and a sync of a
+large cluster encodes tens of thousands of requests. tests/netlink/test_codec.py checks the
+bytes against pyroute2's own encoding of the same messages (no socket or root needed).
 
-Layouts: include/uapi/linux/ip_vs.h and ../docs in README "Netlink". Owns no socket.
+Also here: netlink's own framing (nlmsghdr, attributes), shared with rtnl.py.
 
 Imports: model, schedulers, the standard library.
 """
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
+from typing import Any
 
 from ipvsproxy.model import (
     AddDest,
@@ -26,6 +29,7 @@ from ipvsproxy.model import (
     DeleteService,
     Forward,
     IPAddress,
+    Proto,
     RealServer,
     RSKey,
     ServiceFlags,
@@ -34,6 +38,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
+from ipvsproxy.schedulers import Scheduler
 
 # netlink (linux/netlink.h)
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -44,28 +49,79 @@ NLA_TYPE_MASK = 0x3FFF
 GENL_ID_CTRL = 0x10
 CTRL_CMD_GETFAMILY, CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 3, 1, 2
 
-# IPVS (linux/ip_vs.h)
+# IPVS commands (linux/ip_vs.h enum IPVS_CMD_*)
 IPVS_GENL_VERSION = 1
 CMD_NEW_SERVICE, CMD_SET_SERVICE, CMD_DEL_SERVICE, CMD_GET_SERVICE = 1, 2, 3, 4
 CMD_NEW_DEST, CMD_SET_DEST, CMD_DEL_DEST, CMD_GET_DEST = 5, 6, 7, 8
 CMD_SET_CONFIG, CMD_GET_CONFIG = 12, 13
-CMD_ATTR_SERVICE, CMD_ATTR_DEST = 1, 2
-CMD_ATTR_TIMEOUT_TCP, CMD_ATTR_TIMEOUT_TCP_FIN, CMD_ATTR_TIMEOUT_UDP = 4, 5, 6
-SVC_AF, SVC_PROTOCOL, SVC_ADDR, SVC_PORT, SVC_FWMARK = 1, 2, 3, 4, 5
-SVC_SCHED_NAME, SVC_FLAGS, SVC_TIMEOUT, SVC_NETMASK, SVC_STATS = 6, 7, 8, 9, 10
-DEST_ADDR, DEST_PORT, DEST_FWD_METHOD, DEST_WEIGHT = 1, 2, 3, 4
-DEST_U_THRESH, DEST_L_THRESH, DEST_ACTIVE_CONNS, DEST_INACT_CONNS = 5, 6, 7, 8
-DEST_ADDR_FAMILY = 11
 FWD_MASK = 0x7  # IP_VS_CONN_F_FWD_MASK
+
+# How an attribute's payload is laid out: a struct format, or one of these.
+ADDRESS = "address"  # union nf_inet_addr: 4 or 16 bytes sent, 16 dumped whatever the family
+STRING = "string"  # NUL-terminated
+NESTED = "nested"  # attributes of another space (kept as bytes here)
+
+
+@dataclass(frozen=True, slots=True)
+class Attr:
+    kind: int  # the attribute's number in its space
+    layout: str  # a struct format (host order "=", network order "!") or ADDRESS/STRING/NESTED
+
+
+# enum IPVS_CMD_ATTR_*
+COMMAND: Mapping[str, Attr] = {
+    "service": Attr(1, NESTED),
+    "dest": Attr(2, NESTED),
+    "daemon": Attr(3, NESTED),
+    "timeout_tcp": Attr(4, "=I"),
+    "timeout_tcp_fin": Attr(5, "=I"),
+    "timeout_udp": Attr(6, "=I"),
+}
+# enum IPVS_SVC_ATTR_*
+SERVICE: Mapping[str, Attr] = {
+    "af": Attr(1, "=H"),
+    "protocol": Attr(2, "=H"),
+    "addr": Attr(3, ADDRESS),
+    "port": Attr(4, "!H"),
+    "fwmark": Attr(5, "=I"),
+    "sched_name": Attr(6, STRING),
+    "flags": Attr(7, "=II"),  # struct ip_vs_flags {flags, mask}
+    "timeout": Attr(8, "=I"),
+    "netmask": Attr(9, "=I"),
+    "stats": Attr(10, NESTED),
+    "pe_name": Attr(11, STRING),
+    "stats64": Attr(12, NESTED),
+}
+# enum IPVS_DEST_ATTR_*
+DEST: Mapping[str, Attr] = {
+    "addr": Attr(1, ADDRESS),
+    "port": Attr(2, "!H"),
+    "fwd_method": Attr(3, "=I"),
+    "weight": Attr(4, "=I"),
+    "u_thresh": Attr(5, "=I"),
+    "l_thresh": Attr(6, "=I"),
+    "active_conns": Attr(7, "=I"),
+    "inact_conns": Attr(8, "=I"),
+    "persist_conns": Attr(9, "=I"),
+    "stats": Attr(10, NESTED),
+    "addr_family": Attr(11, "=H"),
+    "stats64": Attr(12, NESTED),
+    "tun_type": Attr(13, "=B"),
+    "tun_port": Attr(14, "!H"),
+    "tun_flags": Attr(15, "=H"),
+}
 
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _GENLHDR = struct.Struct("=BBH")  # cmd, version, reserved
 _NLAHDR = struct.Struct("=HH")  # len, type
-_U16 = struct.Struct("=H")
-_U32 = struct.Struct("=I")
-_BE16 = struct.Struct("!H")
-_FLAGS = struct.Struct("=II")  # struct ip_vs_flags {flags, mask}
 _HEADER_LEN = _NLMSGHDR.size + _GENLHDR.size
+_FORMATS = {attr.layout: struct.Struct(attr.layout) for t in (COMMAND, SERVICE, DEST)
+            for attr in t.values() if attr.layout not in (ADDRESS, STRING, NESTED)}  # fmt: skip
+_BY_KIND = {id(t): {attr.kind: (name, attr.layout) for name, attr in t.items()}
+            for t in (COMMAND, SERVICE, DEST)}  # fmt: skip
+
+
+# ---- framing ----------------------------------------------------------------------------
 
 
 def nla(kind: int, payload: bytes) -> bytes:
@@ -78,89 +134,6 @@ def message(family: int, cmd: int, attrs: bytes, *, seq: int, flags: int) -> byt
     """A generic-netlink request: nlmsghdr + genlmsghdr + attributes."""
     header = _NLMSGHDR.pack(_HEADER_LEN + len(attrs), family, flags, seq, 0)
     return header + _GENLHDR.pack(cmd, IPVS_GENL_VERSION, 0) + attrs
-
-
-# ---- services and destinations ----------------------------------------------------------
-
-
-def service_key_attrs(key: VSKey) -> bytes:
-    """The attributes that identify a service: AF + FWMARK, or AF + PROTOCOL + ADDR + PORT."""
-    af = socket.AF_INET6 if key.address.version == 6 else socket.AF_INET
-    if key.fwmark:
-        return nla(SVC_AF, _U16.pack(af)) + nla(SVC_FWMARK, _U32.pack(key.fwmark))
-    return (
-        nla(SVC_AF, _U16.pack(af))
-        + nla(SVC_PROTOCOL, _U16.pack(key.proto))
-        + nla(SVC_ADDR, key.address.packed)
-        + nla(SVC_PORT, _BE16.pack(key.port))
-    )
-
-
-def service_attrs(vs: VirtualServer) -> bytes:
-    """Key plus settings: NEW/SET_SERVICE need SCHED_NAME, FLAGS, TIMEOUT and NETMASK."""
-    # The kernel reads NETMASK as a raw 32-bit value: an IPv4 mask, or for IPv6 a prefix
-    # length used unconverted (ip_vs_ctl.c); ipvsadm sends both host-order, so do we.
-    netmask = 128 if vs.key.address.version == 6 else 0xFFFFFFFF
-    flags = int(vs.flags) & ~ServiceFlags.HASHED
-    return (
-        service_key_attrs(vs.key)
-        + nla(SVC_SCHED_NAME, vs.scheduler.value.encode() + b"\0")
-        + nla(SVC_FLAGS, _FLAGS.pack(flags, 0xFFFFFFFF))
-        + nla(SVC_TIMEOUT, _U32.pack(vs.timeout_s))
-        + nla(SVC_NETMASK, _U32.pack(netmask))
-    )
-
-
-def dest_key_attrs(rs: RSKey) -> bytes:
-    """ADDR_FAMILY (as current ipvsadm sends it), ADDR and PORT."""
-    af = socket.AF_INET6 if rs.address.version == 6 else socket.AF_INET
-    return (
-        nla(DEST_ADDR_FAMILY, _U16.pack(af))
-        + nla(DEST_ADDR, rs.address.packed)
-        + nla(DEST_PORT, _BE16.pack(rs.port))
-    )
-
-
-def dest_attrs(rs: RealServer) -> bytes:
-    """Key plus settings: NEW/SET_DEST need FWD_METHOD, WEIGHT, U_THRESH and L_THRESH."""
-    return (
-        dest_key_attrs(rs.key)
-        + nla(DEST_FWD_METHOD, _U32.pack(rs.forward))
-        + nla(DEST_WEIGHT, _U32.pack(rs.weight))
-        + nla(DEST_U_THRESH, _U32.pack(rs.upper_threshold))
-        + nla(DEST_L_THRESH, _U32.pack(rs.lower_threshold))
-    )
-
-
-def nest(kind: int, attrs: bytes) -> bytes:
-    return nla(kind | NLA_F_NESTED, attrs)
-
-
-IpvsOp = AddService | UpdateService | DeleteService | AddDest | UpdateDest | DeleteDest
-
-
-def encode_op(op: IpvsOp) -> tuple[int, bytes]:
-    """(command, attributes) of the request that performs `op`."""
-    match op:
-        case AddService(vs):
-            return CMD_NEW_SERVICE, nest(CMD_ATTR_SERVICE, service_attrs(vs))
-        case UpdateService(vs):
-            return CMD_SET_SERVICE, nest(CMD_ATTR_SERVICE, service_attrs(vs))
-        case DeleteService(key):
-            return CMD_DEL_SERVICE, nest(CMD_ATTR_SERVICE, service_key_attrs(key))
-        case AddDest(key, rs):
-            svc = nest(CMD_ATTR_SERVICE, service_key_attrs(key))
-            return CMD_NEW_DEST, svc + nest(CMD_ATTR_DEST, dest_attrs(rs))
-        case UpdateDest(key, rs):
-            svc = nest(CMD_ATTR_SERVICE, service_key_attrs(key))
-            return CMD_SET_DEST, svc + nest(CMD_ATTR_DEST, dest_attrs(rs))
-        case DeleteDest(key, rs_key):
-            svc = nest(CMD_ATTR_SERVICE, service_key_attrs(key))
-            return CMD_DEL_DEST, svc + nest(CMD_ATTR_DEST, dest_key_attrs(rs_key))
-    raise TypeError(f"not an IPVS operation: {op!r}")  # pragma: no cover
-
-
-# ---- decoding ---------------------------------------------------------------------------
 
 
 def messages(buf: bytes) -> Iterator[tuple[int, int, int, memoryview]]:
@@ -198,31 +171,16 @@ def genl_attrs(payload: memoryview) -> dict[int, memoryview]:
     return attrs(payload, _GENLHDR.size)
 
 
-def _address(af: int, raw: memoryview) -> IPAddress:
-    # Dumps carry 16 bytes (union nf_inet_addr) whatever the family.
-    if af == socket.AF_INET:
-        return IPv4Address(bytes(raw[:4]))
-    return IPv6Address(bytes(raw[:16]))
+def dumped(chunks: Iterable[bytes]) -> Iterator[memoryview]:
+    """The payloads of a dump's data messages (the datagrams a socket's `dump` returned)."""
+    for chunk in chunks:
+        for kind, _, _, payload in messages(chunk):
+            if kind >= NLMSG_MIN_TYPE:
+                yield payload
 
 
-def decode_dest(nested: memoryview, service_af: int) -> tuple[RealServer, int, int]:
-    """A dumped destination -> (RealServer, active connections, inactive connections)."""
-    a = attrs(nested)
-    af = _U16.unpack(a[DEST_ADDR_FAMILY])[0] if DEST_ADDR_FAMILY in a else service_af
-    rs = RealServer(
-        RSKey(_address(af, a[DEST_ADDR]), _BE16.unpack(a[DEST_PORT])[0]),
-        weight=_U32.unpack(a[DEST_WEIGHT])[0],
-        forward=Forward(_U32.unpack(a[DEST_FWD_METHOD])[0] & FWD_MASK),
-        upper_threshold=_U32.unpack(a[DEST_U_THRESH])[0],
-        lower_threshold=_U32.unpack(a[DEST_L_THRESH])[0],
-    )
-    active = _U32.unpack(a[DEST_ACTIVE_CONNS])[0] if DEST_ACTIVE_CONNS in a else 0
-    inactive = _U32.unpack(a[DEST_INACT_CONNS])[0] if DEST_INACT_CONNS in a else 0
-    return rs, active, inactive
-
-
-def family_af(key: VSKey) -> int:
-    return socket.AF_INET6 if key.address.version == 6 else socket.AF_INET
+def u16(raw: memoryview) -> int:
+    return int(struct.unpack_from("=H", raw)[0])
 
 
 def getfamily_request(name: str, *, seq: int) -> bytes:
@@ -232,18 +190,177 @@ def getfamily_request(name: str, *, seq: int) -> bytes:
     return header + _GENLHDR.pack(CTRL_CMD_GETFAMILY, 1, 0) + payload
 
 
-def timeouts_attrs(tcp: int, tcp_fin: int, udp: int) -> bytes:
-    """SET_CONFIG attributes; 0 leaves a timeout unchanged (the kernel skips zeros)."""
-    return (
-        nla(CMD_ATTR_TIMEOUT_TCP, _U32.pack(tcp))
-        + nla(CMD_ATTR_TIMEOUT_TCP_FIN, _U32.pack(tcp_fin))
-        + nla(CMD_ATTR_TIMEOUT_UDP, _U32.pack(udp))
+# ---- the tables at work -----------------------------------------------------------------
+
+
+def pack(space: Mapping[str, Attr], values: Sequence[tuple[str, Any]]) -> bytes:
+    """Attributes of one space, in the given order: (name, value) with a value of the
+    attribute's layout (an int or a tuple for a struct, an address, a str, nested bytes)."""
+    out = []
+    for name, value in values:
+        attr = space[name]
+        if attr.layout == ADDRESS:
+            out.append(nla(attr.kind, value.packed))
+        elif attr.layout == STRING:
+            out.append(nla(attr.kind, value.encode() + b"\0"))
+        elif attr.layout == NESTED:
+            out.append(nla(attr.kind | NLA_F_NESTED, value))
+        else:
+            fields = value if isinstance(value, tuple) else (value,)
+            out.append(nla(attr.kind, _FORMATS[attr.layout].pack(*fields)))
+    return b"".join(out)
+
+
+def unpack(space: Mapping[str, Attr], buf: memoryview) -> dict[str, Any]:
+    """The attributes of `buf` this space names: addresses and nests as raw bytes, strings
+    decoded, structs unpacked (one field: its value; more: a tuple). Unknown ones skipped."""
+    names = _BY_KIND[id(space)]
+    out: dict[str, Any] = {}
+    for kind, raw in attrs(buf).items():
+        found = names.get(kind)
+        if found is None:
+            continue
+        name, layout = found
+        if layout in (ADDRESS, NESTED):
+            out[name] = raw
+        elif layout == STRING:
+            out[name] = bytes(raw).split(b"\0", 1)[0].decode("ascii", "replace")
+        else:
+            fields = _FORMATS[layout].unpack_from(raw)
+            out[name] = fields[0] if len(fields) == 1 else fields
+    return out
+
+
+def _af(address: IPAddress) -> int:
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+def _address(af: int, raw: memoryview) -> IPAddress:
+    if af == socket.AF_INET:
+        return IPv4Address(bytes(raw[:4]))
+    return IPv6Address(bytes(raw[:16]))
+
+
+# ---- services and destinations ----------------------------------------------------------
+
+
+def service_key_attrs(key: VSKey) -> bytes:
+    """The attributes that identify a service: AF + FWMARK, or AF + PROTOCOL + ADDR + PORT."""
+    if key.fwmark:
+        return pack(SERVICE, [("af", _af(key.address)), ("fwmark", key.fwmark)])
+    return pack(
+        SERVICE,
+        [
+            ("af", _af(key.address)),
+            ("protocol", int(key.proto)),
+            ("addr", key.address),
+            ("port", key.port),
+        ],
     )
 
 
-def u16(raw: memoryview) -> int:
-    return int(_U16.unpack(raw[:2])[0])
+def service_attrs(vs: VirtualServer) -> bytes:
+    """Key plus settings: NEW/SET_SERVICE need SCHED_NAME, FLAGS, TIMEOUT and NETMASK."""
+    # The kernel reads NETMASK as a raw 32-bit value: an IPv4 mask, or for IPv6 a prefix
+    # length used unconverted (ip_vs_ctl.c); ipvsadm sends both host-order, so do we.
+    netmask = 128 if vs.key.address.version == 6 else 0xFFFFFFFF
+    flags = int(vs.flags) & ~ServiceFlags.HASHED
+    return service_key_attrs(vs.key) + pack(
+        SERVICE,
+        [
+            ("sched_name", vs.scheduler.value),
+            ("flags", (flags, 0xFFFFFFFF)),
+            ("timeout", vs.timeout_s),
+            ("netmask", netmask),
+        ],
+    )
 
 
-def u32(raw: memoryview) -> int:
-    return int(_U32.unpack(raw[:4])[0])
+def dest_key_attrs(rs: RSKey) -> bytes:
+    """ADDR_FAMILY (as current ipvsadm sends it), ADDR and PORT."""
+    return pack(DEST, [("addr_family", _af(rs.address)), ("addr", rs.address), ("port", rs.port)])
+
+
+def dest_attrs(rs: RealServer) -> bytes:
+    """Key plus settings: NEW/SET_DEST need FWD_METHOD, WEIGHT, U_THRESH and L_THRESH."""
+    return dest_key_attrs(rs.key) + pack(
+        DEST,
+        [
+            ("fwd_method", int(rs.forward)),
+            ("weight", rs.weight),
+            ("u_thresh", rs.upper_threshold),
+            ("l_thresh", rs.lower_threshold),
+        ],
+    )
+
+
+def service_nest(key: VSKey) -> bytes:
+    """The COMMAND-level nest naming one service (GET_DEST, DEL_SERVICE, *_DEST)."""
+    return pack(COMMAND, [("service", service_key_attrs(key))])
+
+
+IpvsOp = AddService | UpdateService | DeleteService | AddDest | UpdateDest | DeleteDest
+
+
+def encode_op(op: IpvsOp) -> tuple[int, bytes]:
+    """(command, attributes) of the request that performs `op`."""
+    match op:
+        case AddService(vs):
+            return CMD_NEW_SERVICE, pack(COMMAND, [("service", service_attrs(vs))])
+        case UpdateService(vs):
+            return CMD_SET_SERVICE, pack(COMMAND, [("service", service_attrs(vs))])
+        case DeleteService(key):
+            return CMD_DEL_SERVICE, service_nest(key)
+        case AddDest(key, rs):
+            return CMD_NEW_DEST, service_nest(key) + pack(COMMAND, [("dest", dest_attrs(rs))])
+        case UpdateDest(key, rs):
+            return CMD_SET_DEST, service_nest(key) + pack(COMMAND, [("dest", dest_attrs(rs))])
+        case DeleteDest(key, rs_key):
+            nest = pack(COMMAND, [("dest", dest_key_attrs(rs_key))])
+            return CMD_DEL_DEST, service_nest(key) + nest
+    raise TypeError(f"not an IPVS operation: {op!r}")  # pragma: no cover
+
+
+def decode_service(payload: memoryview) -> VirtualServer | None:
+    """A dumped service (a GET_SERVICE reply's payload). None for one ipvsproxy cannot model
+    (a scheduler or protocol it does not know): never ipvsproxy's, so left out of observed
+    state and never touched."""
+    nested = unpack(COMMAND, payload[_GENLHDR.size :]).get("service")
+    if nested is None:
+        return None
+    a = unpack(SERVICE, nested)
+    try:
+        af, scheduler = a["af"], Scheduler(a["sched_name"])
+        flags = a["flags"][0] & ~ServiceFlags.HASHED  # the kernel sets HASHED on every one
+        if a.get("fwmark"):
+            zero = IPv6Address(0) if af == socket.AF_INET6 else IPv4Address(0)
+            key = VSKey(zero, 0, Proto.TCP, a["fwmark"])
+        else:
+            key = VSKey(_address(af, a["addr"]), a["port"], Proto(a["protocol"]))
+    except (KeyError, ValueError):
+        return None
+    timeout = a.get("timeout", 0) if flags & ServiceFlags.PERSISTENT else 0
+    return VirtualServer(key, scheduler, ServiceFlags(flags), timeout)
+
+
+def decode_dest(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
+    """A dumped destination (a GET_DEST reply's payload) -> (RealServer, active connections,
+    inactive connections). Its address family is the service's unless it says otherwise."""
+    a = unpack(DEST, unpack(COMMAND, payload[_GENLHDR.size :])["dest"])
+    rs = RealServer(
+        RSKey(_address(a.get("addr_family", service_af), a["addr"]), a["port"]),
+        weight=a["weight"],
+        forward=Forward(a["fwd_method"] & FWD_MASK),
+        upper_threshold=a["u_thresh"],
+        lower_threshold=a["l_thresh"],
+    )
+    return rs, a.get("active_conns", 0), a.get("inact_conns", 0)
+
+
+def family_af(key: VSKey) -> int:
+    return _af(key.address)
+
+
+def timeouts_attrs(tcp: int, tcp_fin: int, udp: int) -> bytes:
+    """SET_CONFIG attributes; 0 leaves a timeout unchanged (the kernel skips zeros)."""
+    return pack(COMMAND, [("timeout_tcp", tcp), ("timeout_tcp_fin", tcp_fin), ("timeout_udp", udp)])

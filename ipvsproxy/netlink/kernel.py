@@ -5,7 +5,7 @@ addresses. apply(): consecutive IPVS operations go to the kernel as one batch (s
 and so do consecutive address operations (see rtnl.py). Kernel errnos become the project's
 errors here, per operation, so one refused operation never stops the rest of a sync.
 
-Imports: codec, fast, genl, links, nlsocket, model, kernel, errors.
+Imports: codec, genl, links, nlsocket, model, kernel, errors.
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ import gc
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import groupby
-from socket import AF_INET
 from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
-    DEST_WRITES,
-    SERVICE_WRITES,
     AddService,
     BindAddress,
     Dests,
@@ -36,7 +33,7 @@ from ipvsproxy.model import (
     VSKey,
     summary,
 )
-from ipvsproxy.netlink import codec, fast, sockopt
+from ipvsproxy.netlink import codec
 from ipvsproxy.netlink.genl import GenlSocket
 from ipvsproxy.netlink.links import DummyDevice
 from ipvsproxy.netlink.nlsocket import os_error
@@ -45,26 +42,12 @@ from ipvsproxy.netlink.nlsocket import os_error
 class NetlinkKernel:
     """IPVS over generic netlink, VIPs on a dummy device."""
 
-    def __init__(
-        self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None, legacy: bool = True
-    ) -> None:
-        """`legacy`: read IPv4 services through getsockopt (sockopt.py) when the kernel
-        allows it; False reads everything over netlink. A `genl` passed in is closed by
-        close(), but stays the caller's when construction fails; every socket opened here
-        is closed when a later step fails (the dummy device's rtnetlink socket cannot be
-        opened, ...), so a failed construction leaks none."""
+    def __init__(self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None) -> None:
+        """A `genl` passed in is closed by close(), but stays the caller's when construction
+        fails; every socket opened here is closed when a later step fails."""
         self._genl = genl or GenlSocket()
         try:
             self._device = DummyDevice(device)
-            try:
-                self._decoder = fast.DestDecoder()
-                self._services = fast.ServiceDecoder()
-                self._unlisted = fast.ServiceDecoder()  # beside getsockopt: IPv6, fwmarks
-                # opened now: the socket answers for the network namespace it is created in
-                self._legacy = _open_legacy() if legacy else None
-            except BaseException:
-                self._device.close()
-                raise
         except BaseException:
             if genl is None:
                 self._genl.close()
@@ -73,8 +56,6 @@ class NetlinkKernel:
     def close(self) -> None:
         self._genl.close()
         self._device.close()
-        if self._legacy is not None:
-            self._legacy.close()
 
     def __enter__(self) -> NetlinkKernel:
         return self
@@ -85,83 +66,28 @@ class NetlinkKernel:
     # ---- observe ------------------------------------------------------------------------
 
     def services(self) -> dict[VSKey, VirtualServer]:
-        chunks = self._genl.dump_raw(codec.CMD_GET_SERVICE)
-        return {vs.key: vs for vs in self._services.decode(chunks)}
+        """Every virtual server ipvsproxy can model (codec.decode_service), in one dump."""
+        found = map(codec.decode_service, codec.dumped(self._genl.dump_raw(codec.CMD_GET_SERVICE)))
+        return {vs.key: vs for vs in found if vs is not None}
 
     def destinations(self, key: VSKey) -> list[tuple[RealServer, int, int]]:
         """Destinations of one service with their active and inactive connection counts."""
-        if self._legacy is not None:
-            try:
-                entries = self._legacy.entries(key)
-            except sockopt.Unavailable:
-                self._drop_legacy()
-            else:
-                if entries is not None:
-                    return entries
-        chunks = self._genl.dump_raw(codec.CMD_GET_DEST, fast.service_key_nest(key))
-        return self._decoder.decode(chunks, codec.family_af(key))
+        chunks = self._genl.dump_raw(codec.CMD_GET_DEST, codec.service_nest(key))
+        af = codec.family_af(key)
+        return [codec.decode_dest(payload, af) for payload in codec.dumped(chunks)]
 
     def observe(self) -> IpvsState:
+        """One service dump, one destination dump per service, the dummy device's
+        addresses."""
         # The first observation of a large table allocates tens of thousands of small objects
         # that all live on; the cyclic collector would scan them again and again while they
         # are built (none can be garbage: they hold no cycles). Paused for the dumps only.
         with _collector_paused():
-            tables = self._observe_legacy() if self._legacy is not None else None
-            if tables is None:
-                tables = self._observe_netlink()
-        return IpvsState(*tables, self._device.addresses())
-
-    def _observe_netlink(self) -> tuple[dict[VSKey, VirtualServer], dict[VSKey, Dests]]:
-        """One service dump, one destination dump per service."""
-        services = self.services()
-        self._decoder.start_round()
-        dump, mapping = self._genl.dump_raw, self._decoder.mapping
-        dests: dict[VSKey, Dests] = {
-            key: mapping(dump(codec.CMD_GET_DEST, fast.service_key_nest(key)), codec.family_af(key))
-            for key in services
-        }
-        return services, dests
-
-    def _observe_legacy(self) -> tuple[dict[VSKey, VirtualServer], dict[VSKey, Dests]] | None:
-        """IPv4 address/port services through getsockopt, one call per service for its
-        destinations; IPv6 and firewall-mark services over netlink. None: the legacy
-        interface is unusable here (from now on netlink alone is used)."""
-        legacy = self._legacy
-        assert legacy is not None
-        try:
-            legacy.start_round()  # before services(): it also returns written objects
-            listed = legacy.services()
-            chunks = self._genl.dump_raw(codec.CMD_GET_SERVICE)  # those it does not list
-            unlisted = self._unlisted.decode(chunks, unlisted=True)
-            others = [vs for vs in unlisted if not sockopt.lists(vs.key)]
-            self._decoder.start_round()
-            services: dict[VSKey, VirtualServer] = {}
-            dests: dict[VSKey, Dests] = {}
-            mapping, dump, nest = legacy.mapping, self._genl.dump_raw, fast.service_key_nest
-            for vs, count in listed:
-                key = vs.key
-                try:
-                    found = mapping(key, count)
-                except LookupError:
-                    continue  # deleted since it was listed
-                if found is None:  # other-family destinations, or changed since listed
-                    found = self._decoder.mapping(dump(codec.CMD_GET_DEST, nest(key)), AF_INET)
-                services[key] = vs
-                dests[key] = found
-        except sockopt.Unavailable:
-            self._drop_legacy()
-            return None
-        for vs in others:
-            services[vs.key] = vs
-            dests[vs.key] = self._decoder.mapping(
-                dump(codec.CMD_GET_DEST, nest(vs.key)), codec.family_af(vs.key)
-            )
-        return services, dests
-
-    def _drop_legacy(self) -> None:
-        if self._legacy is not None:
-            self._legacy.close()
-            self._legacy = None
+            services = self.services()
+            dests: dict[VSKey, Dests] = {
+                key: {rs.key: rs for rs, _, _ in self.destinations(key)} for key in services
+            }
+        return IpvsState(services, dests, self._device.addresses())
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         """(active, inactive) connections per destination of a service."""
@@ -180,15 +106,13 @@ class NetlinkKernel:
                 failures += self._apply_addresses(ops)
                 continue
             try:
-                codes = self._genl.batch(fast.encode_ops(ops))  # type: ignore[arg-type]
+                codes = self._genl.batch([codec.encode_op(op) for op in ops])  # type: ignore[arg-type]
             except KernelError as err:  # the socket failed: the outcome of each is unknown
                 failures += [Failure(op, err) for op in ops]
                 continue
             failures += [
                 Failure(op, to_error(op, c)) for op, c in zip(ops, codes, strict=True) if c
             ]
-            if self._legacy is not None:
-                self._legacy.wrote(_written(ops, codes))
         return ApplyReport(applied=len(plan) - len(failures), failures=tuple(failures))
 
     def _apply_addresses(self, ops: list[Op]) -> list[Failure]:
@@ -212,16 +136,6 @@ class NetlinkKernel:
 _ADDRESS_OPS = (BindAddress, UnbindAddress)
 
 
-def _written(ops: Sequence[Op], codes: Sequence[int]) -> Iterator[VirtualServer | RealServer]:
-    """The objects of the operations the kernel accepted that write one."""
-    for op, code in zip(ops, codes, strict=True):
-        if not code:
-            if isinstance(op, DEST_WRITES):
-                yield op.rs
-            elif isinstance(op, SERVICE_WRITES):
-                yield op.vs
-
-
 def to_error(op: Op, code: int) -> KernelError:
     """The project's error for an errno the kernel returned for `op`."""
     text = f"{summary(op)}: {os_error(code)}"
@@ -235,13 +149,6 @@ def to_error(op: Op, code: int) -> KernelError:
     if code in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT, errno.EOPNOTSUPP):
         return Unsupported(text)
     return KernelError(text)
-
-
-def _open_legacy() -> sockopt.SockoptReader | None:
-    try:
-        return sockopt.SockoptReader()
-    except sockopt.Unavailable:
-        return None
 
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Usable when the "IPVS" generic-netlink family exists and a probe virtual server 
 TEST-NET-2, as kube-proxy's probe) with the configured scheduler can be created, read back
 and deleted.
 
-Imports: codec, fast, genl, kernel, model, schedulers, errors.
+Imports: codec, genl, kernel, model, schedulers, errors.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from ipaddress import ip_address
 from ipvsproxy.errors import AlreadyExists, KernelError
 from ipvsproxy.model import AddService, DeleteService, Proto, VirtualServer, VSKey
 from ipvsproxy.netlink import codec
-from ipvsproxy.netlink.fast import ServiceDecoder
 from ipvsproxy.netlink.genl import GenlSocket
 from ipvsproxy.netlink.kernel import to_error
 from ipvsproxy.schedulers import Scheduler
@@ -53,7 +52,8 @@ def _probe(genl: GenlSocket, vs: VirtualServer) -> ProbeResult:
     if code:
         return ProbeResult(False, f"cannot create a probe virtual server: {to_error(add, code)}")
     try:
-        seen = ServiceDecoder().decode(genl.dump_raw(codec.CMD_GET_SERVICE))
+        chunks = genl.dump_raw(codec.CMD_GET_SERVICE)
+        seen = [codec.decode_service(payload) for payload in codec.dumped(chunks)]
         if vs not in seen:
             return ProbeResult(False, "the probe virtual server did not read back as written")
     finally:

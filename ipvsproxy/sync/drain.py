@@ -103,8 +103,7 @@ def _leaving(desired: IpvsState, observed: IpvsState) -> list[tuple[VSKey, RealS
     seen = observed.dests
     for key, wanted in desired.dests.items():
         have = seen.get(key)
-        # equal first: compared by the hashes the dicts hold (and mostly by identity, see
-        # sockopt.wrote), where `rk not in wanted` would hash every key again in Python
+        # the steady state first: one comparison of the two maps
         if not have or have == wanted or key.proto in _NO_DRAIN:
             continue
         if key not in observed.services:

@@ -1,4 +1,5 @@
-"""Golden bytes: our hand-written IPVS messages against pyroute2's encoding of the same."""
+"""The IPVS codec: golden bytes against pyroute2's encoding of the same messages, and dumps
+decoded back as the kernel writes them (16-byte addresses, HASHED set, statistics nests)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyroute2.netlink.generic.ipvs import ipvsmsg
 
 from ipvsproxy.model import (
@@ -22,9 +24,9 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.netlink import codec, fast
+from ipvsproxy.netlink import codec
 from ipvsproxy.schedulers import Scheduler
-from tests.strategies import virtual_servers
+from tests.strategies import real_servers, virtual_servers
 
 FAMILY = 0x1D
 
@@ -129,42 +131,84 @@ def test_new_dest_matches_pyroute2_byte_for_byte():
     assert ours(cmd, attrs) == theirs
 
 
+def dumped_service(vs: VirtualServer, *, sched_name: str | None = None) -> bytes:
+    """One GET_SERVICE reply as the kernel writes it (ip_vs_genl_fill_service)."""
+    key = vs.key
+    af = socket.AF_INET6 if key.address.version == 6 else socket.AF_INET
+    attrs = codec.pack(
+        codec.SERVICE,
+        [
+            ("af", af),
+            ("protocol", int(key.proto)),
+            ("addr", ip_address(key.address.packed.ljust(16, b"\0"))),  # always 16 bytes
+            ("port", key.port),
+            ("sched_name", sched_name or vs.scheduler.value),
+            ("flags", (int(vs.flags) | ServiceFlags.HASHED, 0xFFFFFFFF)),
+            ("timeout", vs.timeout_s),
+            ("netmask", 0xFFFFFFFF),
+            ("stats", codec.pack(codec.DEST, [("port", 1), ("weight", 99)])),
+        ],
+    )
+    return codec.message(FAMILY, 1, codec.pack(codec.COMMAND, [("service", attrs)]), seq=1, flags=2)
+
+
 @settings(max_examples=200, deadline=None)
 @given(vs=virtual_servers())
-def test_service_decodes_back(vs):
-    # A dump carries the address as 16 bytes and sets HASHED; decode must undo both.
-    attrs = codec.service_attrs(vs)
-    parsed = codec.attrs(memoryview(attrs))
-    padded = bytes(parsed[codec.SVC_ADDR]).ljust(16, b"\0")
-    flags = int(vs.flags) | ServiceFlags.HASHED
-    dumped = (
-        codec.nla(codec.SVC_AF, bytes(parsed[codec.SVC_AF]))
-        + codec.nla(codec.SVC_PROTOCOL, bytes(parsed[codec.SVC_PROTOCOL]))
-        + codec.nla(codec.SVC_ADDR, padded)
-        + codec.nla(codec.SVC_PORT, bytes(parsed[codec.SVC_PORT]))
-        + codec.nla(codec.SVC_SCHED_NAME, bytes(parsed[codec.SVC_SCHED_NAME]))
-        + codec.nla(codec.SVC_FLAGS, flags.to_bytes(4, "little") + b"\xff" * 4)
-        + codec.nla(codec.SVC_TIMEOUT, bytes(parsed[codec.SVC_TIMEOUT]))
-    )
-    message = codec.message(FAMILY, 1, codec.nest(codec.CMD_ATTR_SERVICE, dumped), seq=1, flags=2)
-    assert fast.ServiceDecoder().decode([message]) == [vs]
+def test_a_dumped_service_decodes_back(vs):
+    (payload,) = codec.dumped([dumped_service(vs)])
+    assert codec.decode_service(payload) == vs
+
+
+def test_a_service_with_an_unknown_scheduler_is_left_out():
+    vs = VirtualServer(VSKey(ip_address("10.96.0.1"), 80, Proto.TCP))
+    (payload,) = codec.dumped([dumped_service(vs, sched_name="nosuch")])
+    assert codec.decode_service(payload) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    version=st.sampled_from([4, 6]),
+    data=st.data(),
+    counts=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    family_attr=st.booleans(),
+)
+def test_a_dumped_destination_decodes_back(version, data, counts, family_attr):
+    """As ip_vs_genl_fill_dest writes one: a 16-byte address, the forwarding method with the
+    connection flags beside it, counters and statistics; ADDR_FAMILY only on newer kernels
+    (else the service's family applies)."""
+    rs = data.draw(real_servers(version))
+    af = socket.AF_INET6 if version == 6 else socket.AF_INET
+    values: list[tuple[str, Any]] = [("addr_family", af)] if family_attr else []
+    values += [
+        ("addr", ip_address(rs.key.address.packed.ljust(16, b"\0"))),
+        ("port", rs.key.port),
+        ("fwd_method", int(rs.forward) | 0x0100),  # a connection flag beside the method
+        ("weight", rs.weight),
+        ("u_thresh", rs.upper_threshold),
+        ("l_thresh", rs.lower_threshold),
+        ("active_conns", counts[0]),
+        ("inact_conns", counts[1]),
+        ("stats", codec.pack(codec.DEST, [("port", 7)])),
+    ]
+    nest = codec.pack(codec.COMMAND, [("dest", codec.pack(codec.DEST, values))])
+    (payload,) = codec.dumped([codec.message(FAMILY, 5, nest, seq=2, flags=2)])
+    assert codec.decode_dest(payload, af) == (rs, *counts)
 
 
 def test_delete_service_carries_only_the_key():
     key = VSKey(ip_address("fd00::1"), 443, Proto.SCTP)
     cmd, attrs = codec.encode_op(DeleteService(key))
-    nested = codec.attrs(memoryview(attrs))[codec.CMD_ATTR_SERVICE]
-    inner = codec.attrs(nested)
+    inner = codec.unpack(codec.SERVICE, codec.unpack(codec.COMMAND, memoryview(attrs))["service"])
     assert cmd == codec.CMD_DEL_SERVICE
-    assert set(inner) == {codec.SVC_AF, codec.SVC_PROTOCOL, codec.SVC_ADDR, codec.SVC_PORT}
-    assert bytes(inner[codec.SVC_ADDR]) == key.address.packed
+    assert set(inner) == {"af", "protocol", "addr", "port"}
+    assert bytes(inner["addr"]) == key.address.packed
 
 
 @pytest.mark.parametrize(("version", "mask"), [(4, 0xFFFFFFFF), (6, 128)])
 def test_netmask_by_family(version, mask):
     addr = ip_address("10.0.0.1" if version == 4 else "fd00::1")
-    attrs = codec.attrs(memoryview(codec.service_attrs(VirtualServer(VSKey(addr, 1, Proto.TCP)))))
-    assert codec.u32(attrs[codec.SVC_NETMASK]) == mask
+    attrs = codec.service_attrs(VirtualServer(VSKey(addr, 1, Proto.TCP)))
+    assert codec.unpack(codec.SERVICE, memoryview(attrs))["netmask"] == mask
 
 
 def test_messages_and_errors_parse():

@@ -29,7 +29,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.netlink import codec, fast
+from ipvsproxy.netlink import codec
 from ipvsproxy.netlink import kernel as kernel_module
 from ipvsproxy.netlink.genl import GenlSocket
 from ipvsproxy.netlink.kernel import NetlinkKernel
@@ -106,8 +106,6 @@ def kernel_on(sock: Any, device_sock: Any | None = None) -> NetlinkKernel:
     kernel = NetlinkKernel.__new__(NetlinkKernel)
     kernel._genl = genl_on(sock)
     kernel._device = device_on(device_sock or sock)
-    kernel._decoder, kernel._services = fast.DestDecoder(), fast.ServiceDecoder()
-    kernel._legacy = None
     return kernel
 
 
@@ -279,27 +277,10 @@ def test_netlink_kernel_construction_that_fails_closes_every_socket(monkeypatch,
     assert closed == []
 
 
-def test_netlink_kernel_construction_failing_after_the_device_closes_both(monkeypatch, opened):
-    genl = genl_on(BrokenSocket(errno.EPERM))
-    monkeypatch.setattr(kernel_module, "GenlSocket", lambda: genl)
-    closed: list[str] = []
-    monkeypatch.setattr(GenlSocket, "close", lambda self: closed.append("genl"))
-
-    def refuse() -> None:
-        raise MemoryError
-
-    monkeypatch.setattr(kernel_module, "_open_legacy", refuse)
-    with pytest.raises(MemoryError):
-        NetlinkKernel(legacy=True)
-    assert closed == ["genl"]
-    assert opened
-    assert all(s.closed for s in opened)  # the device's rtnetlink and events sockets
-
-
 def test_a_netlink_kernel_that_was_built_closes_what_it_opened(monkeypatch, opened):
     genl = genl_on(BrokenSocket(errno.EPERM))
     monkeypatch.setattr(kernel_module, "GenlSocket", lambda: genl)
-    with NetlinkKernel(legacy=False):
+    with NetlinkKernel():
         pass
     assert genl._sock.closed  # type: ignore[attr-defined]
     assert opened
