@@ -530,6 +530,10 @@ def change_rounds(
         time.sleep(settle)  # away from the previous sync, as a change usually comes
         before = run.log.poll()
         start = time.monotonic()
+        if tag == "first" and args.node_change:  # a change of this node's Node object first
+            node = cluster_node(0)
+            node["metadata"]["labels"] = {"kubernetes.io/bench-touched": str(n)}
+            api.put(node)
         api.put(changed)
         seen = wait_for(
             lambda: run.kernel.has(cluster_ip(i), 80, new_pod, 8080),  # noqa: B023
@@ -592,6 +596,10 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=3, help="idle resyncs measured (median)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before a change")
     parser.add_argument("--show-syncs", action="store_true", help="every sync line, at the end")
+    parser.add_argument(
+        "--node-change", action="store_true",
+        help="the first change is preceded by a change of the agent's Node (every Service again)",
+    )  # fmt: skip
     parser.add_argument(
         "--first-change-after", type=float, default=20.0,
         help="one slice change this many seconds after the first sync (-1: none)",

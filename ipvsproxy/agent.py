@@ -423,5 +423,6 @@ def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str
 
 
 def prepare_host(config: Config) -> list[str]:
-    """Load the IPVS modules, set the kernel settings; what was done."""
-    return backends.prepare_host(config)
+    """Load the IPVS modules, set the kernel settings either backend needs; what was done."""
+    prepared = backends.prepare_node(config, ipvs=None, load_modules=True)
+    return [*prepared.changed, *prepared.unchanged]

@@ -194,21 +194,12 @@ class FailClosed:
 
 
 def prepare(backend: Backend, config: Config) -> None:
-    """Kernel settings the backend needs (sysctls; conntrack, as kube-proxy; IPVS
-    connection timeouts)."""
-    from ipvsproxy.netlink import conntrack_settings, sysctl
+    """What the backend needs of the node before its first sync: `prepare_node()`'s kernel
+    settings, and IPVS's connection timeouts."""
     from ipvsproxy.netlink.kernel import NetlinkKernel
 
-    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
-    if backend.name == IPTABLES:  # the IPVS settings do not exist without IPVS
-        settings = tuple(s for s in settings if ".vs." not in s.name)
-    for setting in sysctl.ensure(settings):
-        log.info("set %s=%s: %s", setting.name, setting.value, setting.why)
-    conntrack = conntrack_settings.ensure(conntrack_settings.settings_of(config))
-    for write in conntrack.changed:
-        log.info("set %s=%s (conntrack, as kube-proxy)", write.name, write.value)
-    for warning in conntrack.warnings:  # a warning, not a crash: see conntrack_settings
-        log.warning("%s", warning)
+    for line in prepare_node(config, ipvs=backend.name == IPVS).changed:
+        log.info("%s", line)
     kernel = backend.kernel.kernel if isinstance(backend.kernel, FailClosed) else backend.kernel
     if isinstance(kernel, NetlinkKernel):
         kernel.set_timeouts(
@@ -216,12 +207,39 @@ def prepare(backend: Backend, config: Config) -> None:
         )
 
 
-def prepare_host(config: Config) -> list[str]:
-    """Before the agent starts, with privileges the agent itself need not have (the
-    DaemonSet's init container): load the IPVS modules if there are any, and set every
-    kernel setting either backend needs. What was done, in words."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What `prepare_node()` did, in words."""
+
+    changed: tuple[str, ...]  # modules loaded, settings written
+    unchanged: tuple[str, ...]  # settings that already had their value
+
+
+def prepare_node(config: Config, *, ipvs: bool | None, load_modules: bool = False) -> Prepared:
+    """The kernel settings a backend needs: sysctls (the IPVS ones only for `ipvs`; None:
+    when the kernel has IPVS) and conntrack's, as kube-proxy sets them. With `load_modules`,
+    the IPVS modules are loaded first: the DaemonSet's init container does this with
+    privileges the agent itself need not have. A conntrack setting that cannot be written
+    is a warning, not a failure (see conntrack_settings)."""
     from ipvsproxy.netlink import conntrack_settings, sysctl
 
+    changed = _load_modules(config) if load_modules else []
+    if ipvs is None:
+        ipvs = os.path.isdir("/proc/sys/net/ipv4/vs")
+    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
+    if not ipvs:  # the IPVS settings do not exist without IPVS
+        settings = tuple(s for s in settings if ".vs." not in s.name)
+    written = sysctl.ensure(settings)
+    changed += [f"set {s.name}={s.value}: {s.why}" for s in written]
+    unchanged = [f"{s.name}={s.value} already" for s in settings if s not in written]
+    conntrack = conntrack_settings.ensure(conntrack_settings.settings_of(config))
+    changed += [f"set {w.name}={w.value} (conntrack, as kube-proxy)" for w in conntrack.changed]
+    for warning in conntrack.warnings:
+        log.warning("%s", warning)
+    return Prepared(tuple(changed), tuple(unchanged))
+
+
+def _load_modules(config: Config) -> list[str]:
     done = []
     for module in ("ip_vs", config.scheduler.module, "dummy"):
         try:
@@ -233,17 +251,6 @@ def prepare_host(config: Config) -> list[str]:
             log.warning("modprobe %s: %s", module, loaded.stderr.strip() or "failed")
         else:
             done.append(f"module {module} loaded")
-    settings = sysctl.required(os.uname().release, strict_arp=config.strict_arp)
-    if not os.path.isdir("/proc/sys/net/ipv4/vs"):  # no IPVS: the iptables fallback
-        settings = tuple(s for s in settings if ".vs." not in s.name)
-    changed = sysctl.ensure(settings)
-    done += [f"set {s.name}={s.value}: {s.why}" for s in changed]
-    unchanged = [s for s in settings if s not in changed]
-    done += [f"{s.name}={s.value} already" for s in unchanged]
-    conntrack = conntrack_settings.ensure(conntrack_settings.settings_of(config))
-    done += [f"set {w.name}={w.value} (conntrack, as kube-proxy)" for w in conntrack.changed]
-    for warning in conntrack.warnings:  # a warning, not a failure: see conntrack_settings
-        log.warning("%s", warning)
     return done
 
 
