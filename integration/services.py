@@ -1,5 +1,6 @@
-"""Services for real-traffic tests, programmed through ipvsproxy's own sync path (translation,
-plan, apply) into any backend: the lab's backends are the endpoints."""
+"""Services for real-traffic tests, programmed through ipvsproxy's own pass (the pipeline the
+agent runs: tracker, translation, plan, apply) into any backend: the lab's backends are the
+endpoints."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 from integration.lab import PORT, Lab
 from ipvsproxy.config import Config
 from ipvsproxy.kernel import Kernel
-from ipvsproxy.sync.desired import from_objects
-from ipvsproxy.sync.engine import sync
+from ipvsproxy.pipeline import Pipeline
 from tests.factories import ep, node, port, service, slice_
+from tests.support import Synced
 
 NODE_IP = "10.250.1.1"
 # The bundled example's pods (node-a's and node-b's), with the ports their EndpointSlices name.
@@ -27,8 +28,9 @@ EXAMPLE_NODE_ADDRESS = "172.31.0.10"  # node-a's InternalIP in the example
 CONFIG = Config(node_name="node-a", service_cidrs=(ip_network("10.96.0.0/16"),))
 
 
-def program(kernel: Kernel, lab: Lab, *services: dict[str, Any]) -> None:
-    """Services with the lab's backends as endpoints, through translation, plan and apply."""
+def program(kernel: Kernel, lab: Lab, *services: dict[str, Any]) -> Synced:
+    """Services with the lab's backends as endpoints, through one full pass of the pipeline;
+    a second full pass finds nothing to do."""
     objects = [node(addresses=(NODE_IP,))]
     for svc in services:
         name = svc["metadata"]["name"]
@@ -41,10 +43,12 @@ def program(kernel: Kernel, lab: Lab, *services: dict[str, Any]) -> None:
                 endpoints=[ep(b.address) for b in lab.backends],
             ),
         ]
-    desired, node_view = from_objects(objects, CONFIG)
-    result = sync(kernel, desired, node_view, CONFIG)
-    assert result.report.failures == ()
-    assert sync(kernel, desired, node_view, CONFIG).plan == ()
+    synced = Synced(Pipeline(kernel=kernel, config=CONFIG))
+    result = synced.sync(objects)
+    assert result.sync.report.failures == ()
+    assert result.ok
+    assert synced.sync(objects).sync.plan == ()
+    return synced
 
 
 def svc(

@@ -27,13 +27,13 @@ from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.nlread import SetReader
 from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.companion.sets import wanted
-from ipvsproxy.companion.step import CompanionResult, after_sync, options_for
 from ipvsproxy.config import Config
 from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.netlink import NetlinkKernel
+from ipvsproxy.pipeline import PassResult, Pipeline
 from ipvsproxy.sync.desired import from_objects
-from ipvsproxy.sync.engine import sync
 from tests.factories import ep, node, port, service, slice_
+from tests.support import Synced
 
 LAN = "192.168.50"
 CLUSTER_CIDR = "10.244.0.0/16"
@@ -68,17 +68,17 @@ class Node:
             detect_local_mode="ClusterCIDR",
             nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
         )
+        pipeline = Pipeline(kernel=self.kernel, config=self.config, companion=self.companion)
+        self.synced = Synced(pipeline)
 
-    def sync(self, objects: list[dict[str, Any]]) -> CompanionResult:
-        """One sync pass; every IPVS and companion step must succeed."""
-        desired, view = from_objects(objects, self.config)
-        result = sync(self.kernel, desired, view, self.config)
-        assert result.report.failures == ()
-        started = time.monotonic()
-        extra = after_sync(self.companion, result, desired, options_for(self.config, view))
-        self.companion_s = time.monotonic() - started
-        assert extra.error == ""
-        return extra
+    def sync(self, objects: list[dict[str, Any]], *, full: bool = True) -> PassResult:
+        """One pass of the agent's pipeline, the companion's step included; every IPVS and
+        companion step must succeed."""
+        result = self.synced.sync(objects, full=full)
+        assert result.sync.report.failures == ()
+        assert result.companion_error == ""
+        self.companion_s = result.companion_seconds
+        return result
 
     def close(self) -> None:
         self.kernel.close()

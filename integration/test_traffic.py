@@ -14,13 +14,11 @@ import pytest
 
 from integration.conftest import clean_ipvs, require_sctp
 from integration.lab import PORT, Lab, connect, request, udp_request
-from integration.services import CONFIG, NODE_IP, program, svc
+from integration.services import NODE_IP, program, svc
 from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.schedulers import Scheduler
-from ipvsproxy.sync.desired import from_objects
-from ipvsproxy.sync.engine import sync
 from tests.factories import ep, node, slice_
 
 
@@ -162,7 +160,7 @@ def test_nodeport_answers_on_the_node_address(kernel, lab):
 
 
 def test_a_removed_endpoint_gets_no_new_connections(kernel, lab):
-    program(kernel, lab, svc("shrink", "10.96.0.13"))
+    synced = program(kernel, lab, svc("shrink", "10.96.0.13"))
     objects_without_b3 = [
         node(addresses=(NODE_IP,)),
         svc("shrink", "10.96.0.13"),
@@ -172,7 +170,6 @@ def test_a_removed_endpoint_gets_no_new_connections(kernel, lab):
             endpoints=[ep(b.address) for b in lab.backends[:2]],
         ),
     ]
-    desired, node_view = from_objects(objects_without_b3, CONFIG)
-    assert sync(kernel, desired, node_view, CONFIG).report.failures == ()
+    assert synced.sync(objects_without_b3).sync.report.failures == ()
     got = Counter(request(client(lab), "10.96.0.13", 80) for _ in range(10))
     assert got == {"b1": 5, "b2": 5}

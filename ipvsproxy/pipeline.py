@@ -34,7 +34,6 @@ from ipvsproxy.companion.conntrack import forget_udp, udp_gone
 from ipvsproxy.companion.index import SetIndex
 from ipvsproxy.companion.ipset import host_after
 from ipvsproxy.companion.kernel import Companion, CompanionPlan, Observed, plan_companion
-from ipvsproxy.companion.step import options_for
 from ipvsproxy.config import Config
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, RestoreFailed
 from ipvsproxy.iptables import IptablesKernel
@@ -57,6 +56,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
+from ipvsproxy.policy import node_policy
 from ipvsproxy.sync.desired import (
     Access,
     Contribution,
@@ -338,7 +338,8 @@ class Pipeline:
         companion, seen = self.companion, observation.companion
         if companion is None or seen is None or self.node is None:
             return plan
-        companion.options = options_for(self.config, self.node)
+        # the rules' options: the node's policy (for NodeCIDR, its pod CIDRs)
+        companion.options = node_policy(self.config, tuple(self.node.pod_cidrs))
         try:  # every set, against what the host holds (sets and chains)
             sets = self._refreshed_sets(plan.ipvs, desired.access, desired.local_endpoints)
             wanted = plan_companion(sets.wanted(), seen, companion.options, companion.versions)

@@ -33,9 +33,10 @@ CONFIG = Config(node_name="node-a")
 def objects(n: int, *, moved: bool = False) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [node()]
     for i in range(n):
-        out.append(service(f"s{i}", cluster_ips=(f"10.96.0.{i + 1}",)))
+        host = f"{i // 250}.{i % 250 + 1}"
+        out.append(service(f"s{i}", cluster_ips=(f"10.96.{host}",)))
         here = "node-b" if moved and i == 0 else "node-a"
-        endpoints = [ep(f"10.244.0.{i + 1}", node=here), ep(f"10.244.1.{i + 1}", node="node-b")]
+        endpoints = [ep(f"10.244.{host}", node=here), ep(f"10.245.{host}", node="node-b")]
         out.append(slice_(f"s{i}", endpoints=endpoints))
     return out
 
@@ -63,9 +64,10 @@ def test_full_then_partial_passes_keep_the_companion_sets_exact_without_observin
     assert result.full
     assert result.ok
     assert host.held() == host_wants(objs)
-    assert "10.244.1.1,tcp:8080,10.244.1.1" not in host.held()["IPVSPROXY-LOOP-BACK"]
+    assert "10.245.0.1,tcp:8080,10.245.0.1" not in host.held()["IPVSPROXY-LOOP-BACK"]
 
-    for step in (objects(6), objects(4), objects(4, moved=True)):
+    # grow (sets swapped in), shrink, one more (in place), an endpoint leaving this node
+    for step in (objects(6), objects(300), objects(120), objects(121), objects(4, moved=True)):
         host.ran.clear()
         feed(tracker, step)
         result = pipeline.sync(tracker.take(), full=False)

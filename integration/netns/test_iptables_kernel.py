@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ipvsproxy import manifests
 from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.iptables import Commands, IptablesKernel
@@ -28,11 +29,12 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
+from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.schedulers import Scheduler
-from ipvsproxy.sync.engine import sync
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.plan import plan
 from tests.contract.kernel_contract import KernelContract
+from tests.support import Synced
 
 pytestmark = pytest.mark.netns
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
@@ -66,9 +68,9 @@ class TestIptablesKernel(KernelContract):
 
 
 def example_sync(kernel: IptablesKernel, config: Config) -> tuple[int, int]:
-    desired, node = desired_from_manifests([EXAMPLES], config)
-    result = sync(kernel, desired, node, config)
-    return len(result.plan), len(result.report.failures)
+    """One full pass of a new pipeline (a restarted agent) over the bundled example."""
+    result = Synced(Pipeline(kernel=kernel, config=config)).sync(manifests.load([EXAMPLES]))
+    return len(result.sync.plan), len(result.sync.report.failures)
 
 
 CONFIG = Config(node_name="node-a")
@@ -175,7 +177,6 @@ def test_plan_on_the_example_converges_and_names_the_services(netns):
 
 def test_hostile_service_objects_through_the_whole_path(netns):
     """Names, namespaces, port names and annotations from the API, as hostile as they come."""
-    from ipvsproxy.sync.desired import from_objects
     from tests.factories import ep, node, port, service, slice_
 
     name = 'x" -j DROP; $(reboot)\n-A INPUT -j ACCEPT'
@@ -188,9 +189,9 @@ def test_hostile_service_objects_through_the_whole_path(netns):
     )
     slice_obj = slice_(name, ns='ns"\n*filter', ports=(('p"\n', 8080, "TCP"),),
                        endpoints=[ep("10.244.9.9")])  # fmt: skip
-    desired, node_view = from_objects([node(), svc, slice_obj], CONFIG)
+    objects = [node(), svc, slice_obj]
     kernel = make_kernel(netns)
-    result = sync(kernel, desired, node_view, CONFIG)
+    result = Synced(Pipeline(kernel=kernel, config=CONFIG)).sync(objects).sync
     assert result.report.failures == ()
     assert len(result.plan) >= 3
     text = save(netns)
@@ -199,7 +200,8 @@ def test_hostile_service_objects_through_the_whole_path(netns):
     outside_comments = [re.sub(r'"[^"]*"', "", line) for line in rules]
     assert not any(w in line for line in outside_comments for w in ("INPUT", "DROP", "ACCEPT"))
     assert "*filter" not in text
-    assert sync(make_kernel(netns), desired, node_view, CONFIG).plan == ()
+    again = Synced(Pipeline(kernel=make_kernel(netns), config=CONFIG)).sync(objects)
+    assert again.sync.plan == ()
 
 
 @dataclass(frozen=True)

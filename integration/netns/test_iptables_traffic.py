@@ -13,10 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from integration.lab import PORT, Lab, alive, connect, request, sctp_available, udp_request
-from integration.services import CONFIG, NODE_IP, program, svc
+from integration.services import NODE_IP, program, svc
 from ipvsproxy.iptables import Commands, IptablesKernel
-from ipvsproxy.sync.desired import from_objects
-from ipvsproxy.sync.engine import sync
 from tests.factories import ep, node, slice_
 
 pytestmark = pytest.mark.netns
@@ -131,7 +129,7 @@ def test_sctp_is_programmed_and_answers_if_the_kernel_has_sctp(kernel, lab):
 
 
 def test_a_removed_endpoint_gets_no_new_connections_and_old_ones_live_on(kernel, lab):
-    program(kernel, lab, svc("shrink", "10.96.0.13"))
+    synced = program(kernel, lab, svc("shrink", "10.96.0.13"))
     held = dict(connect(client(lab), "10.96.0.13", 80) for _ in range(3))
     objects = [
         node(addresses=(NODE_IP,)),
@@ -142,8 +140,7 @@ def test_a_removed_endpoint_gets_no_new_connections_and_old_ones_live_on(kernel,
             endpoints=[ep(b.address) for b in lab.backends[:2]],
         ),
     ]
-    desired, node_view = from_objects(objects, CONFIG)
-    assert sync(kernel, desired, node_view, CONFIG).report.failures == ()
+    assert synced.sync(objects).sync.report.failures == ()
     got = Counter(request(client(lab), "10.96.0.13", 80) for _ in range(10))
     assert got == {"b1": 5, "b2": 5}
     assert alive(held["b3"])  # conntrack keeps the established connection on its backend

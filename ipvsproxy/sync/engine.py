@@ -1,10 +1,9 @@
 """The IPVS part of a sync pass: hold draining endpoints, plan, apply (over any `Kernel`).
 
 Owns: `plan_pass()` (desired and observed state of the keys looked at -> the operations, with
-removed endpoints held at weight 0 while they drain), `apply_pass()` and `SyncResult`, and
-`sync()`, one whole level-triggered pass (observe everything, plan, apply) for tools and
-tests. The agent's pipeline (ipvsproxy/pipeline.py) calls the same two steps, on the whole
-table at a full resync and on the changed virtual servers only in between.
+removed endpoints held at weight 0 while they drain), `apply_pass()` and `SyncResult`. The
+pipeline (ipvsproxy/pipeline.py) calls the two, on the whole table at a full resync and on
+the changed virtual servers only in between.
 
 Imports: sync.desired, sync.drain, sync.ownership, sync.plan, kernel, api, config, model.
 """
@@ -14,13 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ipvsproxy.api import NodeView
-from ipvsproxy.config import Config
 from ipvsproxy.kernel import ApplyReport, Kernel, Plan
 from ipvsproxy.model import IpvsState, VSKey
-from ipvsproxy.sync.desired import Desired
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.ownership import Ownership, ownership_for
+from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
 
 
@@ -68,23 +64,3 @@ def apply_pass(
     """Apply the plan (an empty one too when `repair`: the backend rewrites damage)."""
     report = kernel.apply(planned.plan, names=names) if planned.plan or repair else ApplyReport()
     return SyncResult(planned.plan, report, planned.state, planned.draining, planned.released)
-
-
-def sync(
-    kernel: Kernel,
-    desired: Desired,
-    node: NodeView,
-    config: Config,
-    *,
-    drainer: Drainer | None = None,
-) -> SyncResult:
-    """One whole level-triggered pass: observe, plan against the desired state, apply."""
-    observed = kernel.observe()
-    planned = plan_pass(
-        kernel,
-        desired.state,
-        observed,
-        ownership=ownership_for(config, node.addresses),
-        drainer=drainer,
-    )
-    return apply_pass(kernel, planned, names=desired.origins, repair=bool(kernel.damage()))

@@ -20,7 +20,6 @@ from ipvsproxy.companion.kernel import (
 )
 from ipvsproxy.companion.rules import LocalMode, Options, render
 from ipvsproxy.companion.sets import SetState, all_sets, wanted
-from ipvsproxy.companion.step import wanted_of
 from ipvsproxy.config import Config
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
@@ -37,7 +36,7 @@ def entries(state: SetState, base: str, version: int = 4) -> frozenset[str]:
 
 def test_the_bundled_example_fills_each_set_as_kubernetes_means_it():
     desired, _ = desired_from_manifests([EXAMPLES], Config(node_name="node-a"))
-    sets = wanted_of(desired.state, desired)
+    sets = wanted(desired.state, desired.access, local=desired.local_endpoints)
     assert "10.96.0.10,tcp:80" in entries(sets, "CLUSTER-IP")
     assert "10.96.0.53,udp:53" in entries(sets, "CLUSTER-IP")
     assert "10.96.0.70,sctp:5060" in entries(sets, "CLUSTER-IP")
@@ -203,14 +202,8 @@ class RecordingCommands:
 
 
 def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
-    from ipvsproxy.companion.conntrack import forget_udp
-    from ipvsproxy.companion.kernel import Companion
-    from ipvsproxy.companion.step import after_sync
-    from ipvsproxy.errors import NotFound
-    from ipvsproxy.kernel import ApplyReport, Failure
+    from ipvsproxy.companion.conntrack import forget_udp, udp_gone
     from ipvsproxy.model import DeleteDest, DeleteService
-    from ipvsproxy.sync.desired import Desired
-    from ipvsproxy.sync.engine import SyncResult
 
     udp = VSKey(ip_address("10.96.0.53"), 53, Proto.UDP)
     tcp = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
@@ -218,13 +211,8 @@ def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
     gone = RSKey(ip_address("10.244.1.2"), 5353)
     failed = DeleteDest(udp, RSKey(ip_address("10.244.1.9"), 5353))
     ops = (DeleteDest(udp, gone), DeleteDest(tcp, gone), DeleteService(udp6), failed)
-    report = ApplyReport(3, (Failure(failed, NotFound("gone already")),))
     commands = RecordingCommands()
-    companion = Companion(commands=commands)  # type: ignore[arg-type]
-    result = after_sync(
-        companion, SyncResult(ops, report, IpvsState()), Desired(IpvsState()), Options()
-    )
-    assert result.forgotten == 2
+    assert forget_udp(commands, udp_gone(ops, {failed})) == 2  # type: ignore[arg-type]
     deletes = [(args, stdin) for args, stdin in commands.fed if args[0] == "conntrack"]
     assert deletes == [  # one process for all of them
         (["conntrack", "-R", "-"],

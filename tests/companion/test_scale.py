@@ -364,9 +364,8 @@ class FakeHost:
 
 
 def synced(count: int, *, local: frozenset[IPAddress]):
-    from ipvsproxy.kernel import ApplyReport
+    """(the synced IPVS state, the desired state) of `count` ClusterIP virtual servers."""
     from ipvsproxy.sync.desired import Desired
-    from ipvsproxy.sync.engine import SyncResult
 
     vss = {
         VirtualServer(VSKey(ip_address(f"10.96.{n >> 8}.{n & 255}"), 80, Proto.TCP)): [
@@ -375,34 +374,7 @@ def synced(count: int, *, local: frozenset[IPAddress]):
         for n in range(count)
     }
     state = state_of(vss, bound=frozenset(v.key.address for v in vss))
-    return SyncResult((), ApplyReport(), state), Desired(state, local_endpoints=local)
-
-
-def test_a_full_pass_seeds_the_index_and_partial_passes_write_only_changes_in_one_process():
-    from ipvsproxy.companion.step import after_partial_sync, after_sync
-
-    host = FakeHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    index = SetIndex(versions=(4,))
-    here = frozenset(ip_address(f"10.244.0.{n}") for n in range(256))  # node 0's pods
-    result, desired = synced(100, local=here)
-    assert after_sync(companion, result, desired, Options(), index=index).error == ""
-    assert index.take() == ()  # seeded with exactly what the full pass wrote
-    want = wanted(result.state, {}, local=here)
-    assert host.held() == {n: e for n, (_, v, e) in want.sets.items() if v == 4}
-    assert any(e.startswith("10.244.0.") for e in host.held()[LOOP_BACK])
-    assert not any(e.startswith("10.244.1.") for e in host.held()[LOOP_BACK])
-    for count in (300, 120, 121):  # grow (swapped in), shrink, one more (in place)
-        before = set(result.state.services)
-        result, desired = synced(count, local=here)
-        keys = before ^ set(result.state.services)
-        host.ran.clear()
-        extra = after_partial_sync(companion, result, desired, index, keys)
-        assert extra.error == ""
-        assert host.ran == [["ipset", "restore", "-exist"]]  # one process, no observation
-        want = wanted(result.state, {}, local=here)
-        assert host.held() == {n: e for n, (_, v, e) in want.sets.items() if v == 4}
-    assert extra.changes == 4  # CLUSTER-IP, SERVICE-PORTS, VIPS, LOOP-BACK (10.244.0.120)
+    return state, Desired(state, local_endpoints=local)
 
 
 def test_a_cheap_header_check_finds_drift_between_full_passes():
@@ -411,8 +383,8 @@ def test_a_cheap_header_check_finds_drift_between_full_passes():
     host = FakeHost()
     companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
     index = SetIndex(versions=(4,))
-    result, desired = synced(10, local=frozenset())
-    index.reset(result.state, desired.access, local=())
+    state, desired = synced(10, local=frozenset())
+    index.reset(state, desired.access, local=())
     companion.write_sets(index.take())
 
     def headers():
@@ -498,15 +470,22 @@ def test_a_companion_with_a_reader_observes_without_any_process():
     assert commands.ran == []
 
 
-def test_an_ipv4_only_index_leaves_the_ipv6_sets_alone_in_a_full_pass():
-    from ipvsproxy.companion.step import after_sync
+def test_a_full_pass_on_ipv4_services_empties_but_keeps_the_ipv6_sets():
+    """A node that serves no IPv6 Service keeps its IPv6 sets (the rules name them)."""
+    from ipvsproxy.config import Config
+    from ipvsproxy.pipeline import Pipeline
+    from ipvsproxy.testing import FakeKernel
+    from tests.factories import ep, node, service, slice_
+    from tests.support import Synced
 
     host = FakeHost()
     host.sets["IPVSPROXY-VIPS-6"] = ("hash:ip", 6, 65536, {"fd00:96::1"})
     companion = Companion(commands=host, versions=(4, 6))  # type: ignore[arg-type]
-    result, desired = synced(3, local=frozenset())
-    after_sync(companion, result, desired, Options(), index=SetIndex(versions=(4,)))
-    assert "IPVSPROXY-VIPS-6" in host.sets  # not destroyed as a stale set
+    pipeline = Pipeline(kernel=FakeKernel(), config=Config(node_name="node-a"), companion=companion)
+    objects = [node(), service("web"), slice_("web", endpoints=[ep("10.244.0.2")])]
+    assert Synced(pipeline).sync(objects).ok
+    assert host.held()["IPVSPROXY-VIPS-6"] == frozenset()
+    assert host.held()["IPVSPROXY-VIPS"] == {"10.96.0.10"}
 
 
 def test_local_addresses_are_told_apart_by_family():

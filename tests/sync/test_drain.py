@@ -21,9 +21,9 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.sync.desired import Desired
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.engine import sync
+from ipvsproxy.sync.engine import apply_pass, plan_pass
+from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.testing import FakeKernel
 
 TCP = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
@@ -62,7 +62,10 @@ def _ops(state: IpvsState):
 
 
 def step(kernel, drainer, desired: IpvsState):
-    return sync(kernel, Desired(desired, {}, ()), NODE, CONFIG, drainer=drainer)
+    """One full pass's IPVS steps, as the pipeline takes them: observe, plan, apply."""
+    ownership = ownership_for(CONFIG, NODE.addresses)
+    planned = plan_pass(kernel, desired, kernel.observe(), ownership=ownership, drainer=drainer)
+    return apply_pass(kernel, planned, names={})
 
 
 def test_removed_endpoint_with_connections_drains_at_weight_0_then_goes():
