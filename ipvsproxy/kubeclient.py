@@ -15,7 +15,7 @@ service-account token and renews an exec plugin's expired one. The generated API
 not used: they build model objects for every response, and `ipvsproxy.kube` reads raw JSON.
 
 Must not import: anything of ipvsproxy but `errors`.
-Imports: kubernetes (client, config, watch), urllib3, yaml, errors.
+Imports: kubernetes (client, config, watch), yaml, errors.
 """
 
 from __future__ import annotations
