@@ -22,7 +22,7 @@ Why the client's `watch.Watch` is not used: it builds client model objects for e
 from the same resourceVersion. The client still does configuration, authentication, TLS and
 the HTTP requests; this module reads the line-delimited JSON of the stream itself.
 
-Imports: kubeconfig (the kubernetes client), tenacity, urllib3, api, sync.tracker, errors.
+Imports: kubeclient (the kubernetes client), tenacity, urllib3, api, sync.tracker, errors.
 """
 
 from __future__ import annotations
