@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from ipaddress import ip_network
 
+from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ConfigError
 from ipvsproxy.model import IPAddress, IPNetwork
 from ipvsproxy.schedulers import Scheduler
@@ -61,6 +62,12 @@ class Config:
     drain_timeout: float = 30.0  # seconds a removed endpoint may keep its connections
     metrics_bind_address: tuple[str, int] = ("127.0.0.1", 10249)
     healthz_bind_address: tuple[str, int] = ("0.0.0.0", 10256)  # load balancers probe it
+
+    @property
+    def retry(self) -> Backoff:
+        """How a failed pass, firewall step or virtual server is retried: 1, 2, 4 ... s
+        after each failure in a row, at most a sync period (the next full pass)."""
+        return Backoff(first=1.0, cap=self.sync_period)
 
     def selects_nodeport_address(self, address: IPAddress) -> bool:
         """Whether NodePorts listen on this node address (`--nodeport-addresses`): as

@@ -204,7 +204,7 @@ class SyncPass:
         self.request_full()
         self._failed_passes += 1
         if self.runner is not None:
-            delay = min(2.0 ** (self._failed_passes - 1), self._config.sync_period)
+            delay = self._config.retry.delay(self._failed_passes)
             self.runner.retry_after(max(delay, self._config.min_sync_period))
 
     def _log_failures(self, result: PassResult) -> None:
@@ -241,7 +241,7 @@ class SyncPass:
             return
         delays = []
         if failed:
-            delays.append(min(2.0 ** (self._failed_passes - 1), self._config.sync_period))
+            delays.append(self._config.retry.delay(self._failed_passes))
         if (due := self.pipeline.backoff.next_in()) is not None:
             delays.append(due)
         if draining:

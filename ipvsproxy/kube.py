@@ -39,6 +39,7 @@ from typing import Any
 import tenacity
 import urllib3
 
+from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import WatchError
 from ipvsproxy.kubeclient import ApiException, client, iter_resp_lines
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Parsed, parse
@@ -61,8 +62,7 @@ class Settings:
     watch_timeout: float = 300.0  # asked of the server; jittered by up to +50% per stream
     inactivity_timeout: float = 120.0  # nothing read for this long: reconnect
     connect_timeout: float = 10.0
-    backoff_initial: float = 0.5
-    backoff_max: float = 30.0
+    backoff: Backoff = Backoff(first=0.5, cap=30.0)
 
 
 class Gone(Exception):
@@ -137,8 +137,7 @@ class Watcher:
         s = self._settings
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(Transient),
-            # "full jitter": a random wait up to backoff_initial * 2^n, capped at backoff_max
-            wait=tenacity.wait_random_exponential(multiplier=s.backoff_initial, max=s.backoff_max),
+            wait=lambda state: s.backoff.jittered(state.attempt_number),
             stop=lambda _: self._stop.is_set(),
             sleep=self._sleep,
             before_sleep=self._log_retry,

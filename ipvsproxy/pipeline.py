@@ -68,7 +68,7 @@ from ipvsproxy.sync.desired import (
 )
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.engine import Planned, SyncResult, apply_pass, plan_pass
-from ipvsproxy.sync.failures import Backoff, Refusals
+from ipvsproxy.sync.failures import Failing, Refusals
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.tracker import Changes
@@ -210,12 +210,12 @@ class Pipeline:
     node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None
     _host: tuple[IPAddress, ...] | None = None
     refusals: Refusals = field(init=False)  # settings the kernel refused, served plainer
-    backoff: Backoff = field(init=False)  # failed virtual servers, retried one by one
+    backoff: Failing = field(init=False)  # failed virtual servers, retried one by one
     _input_warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.refusals = Refusals(default=self.config.scheduler)
-        self.backoff = Backoff(cap=self.config.sync_period, clock=self.clock)
+        self.backoff = Failing(policy=self.config.retry, clock=self.clock)
         if isinstance(self.kernel, IptablesKernel):
             # The fallback renders each virtual server's access (source ranges, traffic
             # policy) through policy.py, as the companion does: it looks them up here.

@@ -12,11 +12,12 @@ import pytest
 
 from ipvsproxy import kube
 from ipvsproxy.api import ServiceView
+from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ConfigError, WatchError
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
 
-FAST = kube.Settings(watch_timeout=2, inactivity_timeout=5, backoff_initial=0.05, backoff_max=0.3)
+FAST = kube.Settings(watch_timeout=2, inactivity_timeout=5, backoff=Backoff(first=0.05, cap=0.3))
 
 
 def svc(name: str, ip: str = "10.96.0.10", ns: str = "demo") -> dict[str, Any]:

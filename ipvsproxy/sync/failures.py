@@ -1,7 +1,7 @@
 """What the pipeline does about operations the kernel refused: serve the Service anyway, and
 retry the rest one object at a time, with backoff.
 
-Owns: `Refusals` and `Backoff`.
+Owns: `Refusals` and `Failing`.
 
 - `Refusals`: a virtual server whose add or update the kernel refuses for its settings (a
   scheduler whose module this kernel lacks: `Unsupported`, from ENOENT; a flag or value it
@@ -11,7 +11,7 @@ Owns: `Refusals` and `Backoff`.
   refused on its own is known missing for every other Service from then on. Each
   substitution is a warning naming the Service. kube-proxy's IPVS mode logs the failed add
   and leaves the Service unserved on every sync; this is the difference.
-- `Backoff`: any other failed operation is retried for its virtual server alone, 1, 2, 4 ...
+- `Failing`: any other failed operation is retried for its virtual server alone, 1, 2, 4 ...
   seconds after the failure (at most `cap`), instead of holding up every sync or failing
   the node's health.
 
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.kernel import Failure
 from ipvsproxy.model import AddService, IpvsState, ServiceFlags, UpdateService, VirtualServer, VSKey
@@ -111,16 +112,16 @@ def _describe(vs: VirtualServer) -> str:
 
 
 @dataclass
-class Backoff:
+class Failing:
     """Per virtual server: how many passes in a row failed it, and when to try again."""
 
-    cap: float  # seconds, the longest wait between two attempts
+    policy: Backoff  # the wait after each failure in a row
     clock: Callable[[], float] = time.monotonic
     _failing: dict[VSKey, tuple[int, float]] = field(default_factory=dict)
 
     def settle(self, looked: Iterable[VSKey] | None, failed: Iterable[VSKey]) -> set[VSKey]:
         """After a pass that looked at `looked` (None: at everything): `failed` wait longer
-        (1, 2, 4 ... s after this failure, at most `cap`), the others that were failing are
+        (by the policy: 1, 2, 4 ... s after this failure), the others that were failing are
         forgotten and returned (recovered)."""
         failed = set(failed)
         candidates = self._failing.keys() if looked is None else looked
@@ -130,7 +131,7 @@ class Backoff:
         now = self.clock()
         for key in failed:
             count = self._failing.get(key, (0, 0.0))[0] + 1
-            self._failing[key] = (count, now + min(2.0 ** (count - 1), self.cap))
+            self._failing[key] = (count, now + self.policy.delay(count))
         return recovered
 
     def due(self) -> set[VSKey]:

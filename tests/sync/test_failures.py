@@ -9,13 +9,14 @@ from collections.abc import Mapping, Sequence
 from ipaddress import ip_address
 from typing import Any
 
+from ipvsproxy.backoff import Backoff
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, Unsupported
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.model import AddDest, AddService, Op, Proto, UpdateService, VSKey
 from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
-from ipvsproxy.sync.failures import Backoff
+from ipvsproxy.sync.failures import Failing
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
@@ -147,7 +148,7 @@ def test_a_failed_operation_is_retried_for_its_virtual_server_alone_with_backoff
 
 def test_backoff_forgets_what_succeeded_and_counts_what_keeps_failing():
     clock = Clock()
-    backoff = Backoff(cap=10.0, clock=clock)
+    backoff = Failing(policy=Backoff(first=1.0, cap=10.0), clock=clock)
     a, b = (
         VSKey(ip_address("10.96.0.1"), 80, Proto.TCP),
         VSKey(ip_address("10.96.0.2"), 80, Proto.TCP),
