@@ -26,7 +26,6 @@ from ipvsproxy import api, backends, ipvsadm, manifests
 from ipvsproxy.backends import (
     BACKENDS,
     IPTABLES,
-    companion_for,
     open_backend,
     prepare,
     remove_leftovers,
@@ -118,7 +117,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     """
     changes = changes_from(source, config)
     if kernel_state is not None:
-        pipeline = Pipeline(kernel=FakeKernel(), config=config, manage_addresses=False)
+        pipeline = _pipeline(config, None)
         pipeline.feed(changes)
         planned = pipeline.plan(full=True, observed=read_kernel_state(kernel_state))
         notes: tuple[str, ...] = (
@@ -127,14 +126,8 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
             "connection counts are unknown: removed endpoints are shown deleted, not drained",
         )
         return _diff_result(planned, pipeline, config, notes)
-    with open_backend(config) as backend, companion_for(backend) as companion:
-        pipeline = Pipeline(
-            kernel=backend.kernel,
-            config=config,
-            companion=companion,
-            drainer=Drainer(timeout=config.drain_timeout),
-            node_addresses=_node_addresses(config),
-        )
+    with open_backend(config) as backend:
+        pipeline = _pipeline(config, backend, drain=True)
         pipeline.refresh_host()
         planned = pipeline.plan_from(changes, full=True)
         notes = ()
@@ -173,18 +166,12 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     with open_backend(config) as backend:
         prepare(backend, config)
         remove_leftovers(backend, config)
-        with companion_for(backend) as companion:
-            pipeline = Pipeline(
-                kernel=backend.kernel,
-                config=config,
-                companion=companion,
-                node_addresses=_node_addresses(config),
-            )
-            pipeline.refresh_host()
-            planned = pipeline.plan_from(changes, full=True)
-            for warning in pipeline.warnings:
-                log.warning("%s", warning)
-            result = pipeline.apply(planned)
+        pipeline = _pipeline(config, backend)
+        pipeline.refresh_host()
+        planned = pipeline.plan_from(changes, full=True)
+        for warning in pipeline.warnings:
+            log.warning("%s", warning)
+        result = pipeline.apply(planned)
     if result.companion_error:
         log.error("companion rules: %s", result.companion_error)
     log.info(
@@ -229,20 +216,16 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     with open_backend(config) as backend, ExitStack() as stack:
         prepare(backend, config)
         remove_leftovers(backend, config)
-        companion = stack.enter_context(companion_for(backend))
         metrics.use_backend(backend.name, others=BACKENDS)
         health.detail = backend.detail
         log.info("backend: %s (%s)", backend.name, backend.reason)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
         sync_pass = SyncPass(
-            kernel=backend.kernel,
-            config=config,
+            pipeline=_pipeline(config, backend, drain=True, node_addresses=host_addresses),
             tracker=tracker,
             metrics=metrics,
             health=health,
-            companion=companion,
-            node_addresses=host_addresses,
             service_health=service_health,
             node_required=isinstance(source, Cluster),
         )
@@ -281,6 +264,28 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     if fatal:
         raise fatal[0]
     log.info("stopped; %s rules left in place", backend.name)
+
+
+def _pipeline(
+    config: Config,
+    backend: backends.Backend | None,
+    *,
+    drain: bool = False,
+    node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
+) -> Pipeline:
+    """The one way the commands build their pass: on the backend's kernel, with its firewall
+    rules (the companion), draining removed endpoints (`drain`: the agent, and `diff`, which
+    shows what it would drain), this host's addresses read over rtnetlink unless given.
+    Without a backend: `diff` of a saved ipvsadm table, whose addresses are not compared."""
+    if backend is None:
+        return Pipeline(kernel=FakeKernel(), config=config, manage_addresses=False)
+    return Pipeline(
+        kernel=backend.kernel,
+        config=config,
+        companion=backend.companion,
+        drainer=Drainer(timeout=config.drain_timeout) if drain else None,
+        node_addresses=node_addresses or _node_addresses(config),
+    )
 
 
 def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:

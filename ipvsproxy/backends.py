@@ -5,7 +5,7 @@ configured scheduler, and falls back to iptables loudly: a WARNING that says why
 reason kept for /healthz and the metric, or, with `--no-fallback`, `FallbackRefused`; with
 IPVS, the companion rules opened and checked at once: without their tools the node refuses
 to start, `CompanionUnavailable`, unless `--allow-no-companion-rules` says to go on without
-them), `companion_for()`,
+them),
 `prepare()` (the node settings the backend needs), `remove_leftovers()` (when the backend
 changed between runs, the other one's objects go) and `cleanup()` (everything ipvsproxy
 owns in both backends, and nothing else).
@@ -271,14 +271,6 @@ def remove_leftovers(backend: Backend, config: Config, *, dry_run: bool = False)
 def cleanup(config: Config, *, dry_run: bool) -> list[str]:
     """Everything ipvsproxy owns in both backends, removed (or listed, with dry_run)."""
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
-
-
-@contextmanager
-def companion_for(backend: Backend) -> Iterator[Companion | None]:
-    """The companion rules of the IPVS backend (None on iptables, and on IPVS run with
-    `--allow-no-companion-rules` on a node without their tools). `open_backend()` opened
-    and checked them, and closes them."""
-    yield backend.companion
 
 
 def _companion(config: Config) -> tuple[Companion | None, str]:

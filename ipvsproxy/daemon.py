@@ -21,16 +21,12 @@ import math
 import time
 from collections.abc import Callable
 
-from ipvsproxy.companion.kernel import Companion
-from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.healthcheck import ServiceHealth
-from ipvsproxy.kernel import Kernel
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
 from ipvsproxy.pipeline import PassResult, Pipeline, touched
 from ipvsproxy.serve import Health
-from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import Tracker
 
@@ -55,18 +51,16 @@ class SyncPass:
     def __init__(
         self,
         *,
-        kernel: Kernel,
-        config: Config,
+        pipeline: Pipeline,
         tracker: Tracker,
         metrics: Metrics,
         health: Health,
-        companion: Companion | None = None,
         clock: Callable[[], float] = time.monotonic,
-        node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
         service_health: ServiceHealth | None = None,
         node_required: bool = False,
     ) -> None:
-        self._config = config
+        self.pipeline = pipeline
+        self._config = pipeline.config
         self._service_health = service_health
         # from the API the Node must exist for /healthz to be 200 (kube-proxy); manifests
         # may hold none
@@ -75,14 +69,6 @@ class SyncPass:
         self._metrics = metrics
         self._health = health
         self._clock = clock
-        self.pipeline = Pipeline(
-            kernel=kernel,
-            config=config,
-            companion=companion,
-            drainer=Drainer(timeout=config.drain_timeout, clock=clock),
-            clock=clock,
-            node_addresses=node_addresses,
-        )
         self._warned: frozenset[str] = frozenset()
         self._logged: dict[object, str] = {}  # per failing object: the error last logged
         self._failed_passes = 0  # passes in a row that did not complete

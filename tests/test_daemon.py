@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,10 @@ from ipvsproxy.daemon import DRAIN_POLL, SyncPass
 from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
+from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
 from ipvsproxy.static import ManifestSource
+from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
 from ipvsproxy.testing import FakeKernel
@@ -29,6 +32,12 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
+def pipeline(kernel: FakeKernel, clock: Any = time.monotonic) -> Pipeline:
+    """The agent's pipeline (agent._pipeline): draining removed endpoints."""
+    drainer = Drainer(timeout=CONFIG.drain_timeout, clock=clock)
+    return Pipeline(kernel=kernel, config=CONFIG, drainer=drainer, clock=clock)
+
+
 class Agent:
     def __init__(self) -> None:
         self.changes: list[str] = []
@@ -37,8 +46,7 @@ class Agent:
         self.metrics = Metrics()
         self.health = Health(timeout=60)
         self.sync = SyncPass(
-            kernel=self.kernel,
-            config=CONFIG,
+            pipeline=pipeline(self.kernel),
             tracker=self.tracker,
             metrics=self.metrics,
             health=self.health,
@@ -114,8 +122,7 @@ def driven_agent() -> tuple[Agent, Runner, Clock]:
     clock = Clock()
     agent = Agent()
     agent.sync = SyncPass(
-        kernel=agent.kernel,
-        config=CONFIG,
+        pipeline=pipeline(agent.kernel, clock),
         tracker=agent.tracker,
         metrics=agent.metrics,
         health=agent.health,

@@ -17,6 +17,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.daemon import SyncPass
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.metrics import Metrics
+from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
@@ -258,12 +259,15 @@ def test_the_sync_duration_covers_the_companion_rules():
     tracker = Tracker(node_name="node-a")
     metrics = Metrics()
     sync = SyncPass(
-        kernel=FakeKernel(),
-        config=Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0),
+        pipeline=Pipeline(
+            kernel=FakeKernel(),
+            config=Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0),
+            companion=Companion(commands=host, versions=(4,)),  # type: ignore[arg-type]
+            clock=lambda: now[0],
+        ),
         tracker=tracker,
         metrics=metrics,
         health=Health(timeout=60),
-        companion=Companion(commands=host, versions=(4,)),  # type: ignore[arg-type]
         clock=lambda: now[0],
     )
     tracker.replace(NODE, [node()])
