@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.api import EndpointView, NodeView, parse_node, parse_slice
+from ipvsproxy.api import EndpointView, NodeView
 from ipvsproxy.sync.desired import categorize_endpoints
-from tests.factories import ep, node, port, service, slice_, translate
+from tests.factories import ep, node, parse_node, parse_slice, port, service, slice_, translate
 from tests.sync.test_desired import R, V
 
 HOST = "test-hostname"
