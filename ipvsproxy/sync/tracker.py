@@ -2,7 +2,7 @@
 
 Owns: `Tracker`, a thread-safe store of the newest view per kind and namespaced name, fed by
 the watchers (or the manifest source): `replace()` after each list, `event()` per watch event.
-Every object is parsed into its frozen view (api.py) the moment it arrives and the raw JSON is
+Every object is parsed into its frozen view (api.read) the moment it arrives and the raw JSON is
 dropped (managedFields, last-applied annotations and every other unused field with it), so a
 sync never parses again and memory holds only what ipvsproxy reads. A malformed object is
 absent (as if deleted) and its warning is kept until it is fixed or removed.
