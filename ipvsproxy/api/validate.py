@@ -9,7 +9,8 @@ field) becomes a warning that names the object and the field, whatever JSON (or 
 sets, binary) the fields hold and however deep it nests: the caller skips it and reads the
 others (tests/test_api_parse.py). A null field reads as an absent one.
 
-Imports: api.views, api.schema, model, msgspec, the standard library.
+Imports: api.views, api.schema, api.values and the views' builders (api.services, api.slices,
+api.nodes), msgspec, the standard library.
 """
 
 from __future__ import annotations
