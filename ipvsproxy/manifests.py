@@ -8,7 +8,7 @@ when PyYAML was built with it, else with `SafeLoader` (the same documents, only 
 Unreadable files, directories that cannot be listed (never skipped: their objects would
 vanish from the desired state), invalid JSON or YAML (values PyYAML's constructors refuse
 included), and YAML nested too deeply for libyaml raise ConfigError naming the file, never
-another exception; judging the objects is api.py's job.
+another exception; judging the objects is the api package's job.
 
 Imports: errors, api (types only), PyYAML, msgspec, the standard library.
 """
@@ -47,8 +47,8 @@ def load(paths: Sequence[Path]) -> list[RawObject]:
 
 def items(paths: Sequence[Path]) -> list[RawObject | RawJson]:
     """As `load()`, but the items of a JSON List come as their JSON text, by kind: the
-    tracker decodes what it reads of them straight into views (sync/wire.py), and an object
-    of a kind nobody reads is never decoded."""
+    tracker decodes what it reads of them straight into views (api.read), and an object of
+    a kind nobody reads is never decoded."""
     objects: list[RawObject | RawJson] = []
     for path in paths:
         for file in _files(path):
@@ -161,7 +161,7 @@ def _decoded(obj: RawJson) -> RawObject:
     """A List item decoded as `json.loads` reads it (it was valid JSON as a part of its
     document, so this fails only past Python's recursion limit)."""
     try:
-        decoded: RawObject = obj.decoded()
+        decoded: RawObject = json.loads(obj.data)
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"a {obj.kind} in the manifests: invalid JSON: {exc}") from exc
     return decoded

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView, read
 from ipvsproxy.config import Config, parse_cidrs
 from ipvsproxy.sync.desired import Desired, from_objects
 
@@ -92,3 +93,22 @@ def translate(*objects, node_name="node-a", **config: Any) -> Desired:
         config["nodeport_cidrs"] = parse_cidrs(config["nodeport_cidrs"], option="test")
     desired, _ = from_objects(list(objects), Config(node_name=node_name, **config))
     return desired
+
+
+def parse_service(obj: Any) -> ServiceView:
+    """The view of a well-formed Service (AssertionError with the warning otherwise)."""
+    view = read("Service", obj).view
+    assert isinstance(view, ServiceView), read("Service", obj).warning
+    return view
+
+
+def parse_slice(obj: Any) -> EndpointSliceView:
+    view = read("EndpointSlice", obj).view
+    assert isinstance(view, EndpointSliceView), read("EndpointSlice", obj).warning
+    return view
+
+
+def parse_node(obj: Any) -> NodeView:
+    view = read("Node", obj).view
+    assert isinstance(view, NodeView), read("Node", obj).warning
+    return view

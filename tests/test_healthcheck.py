@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.api import parse_node, parse_service
+from ipvsproxy.api import read
 from ipvsproxy.config import Config
 from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.metrics import Metrics
@@ -21,7 +21,7 @@ from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, node, port, service, slice_
+from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
 from tests.test_daemon import sample
 
 LOCAL = ["127.0.0.1"]
@@ -200,8 +200,8 @@ def test_health_check_node_port_is_parsed_where_kube_proxy_serves_it():
     assert parse_service(lb(policy="Cluster")).health_check_node_port == 0
     cluster_ip = service("web", healthCheckNodePort=32001, externalTrafficPolicy="Local")
     assert parse_service(cluster_ip).health_check_node_port == 0
-    with pytest.raises(ValueError, match="spec.healthCheckNodePort"):
-        parse_service(lb(hc=70000))
+    warning = read("Service", lb(hc=70000)).warning
+    assert "Service default/web: spec.healthCheckNodePort 70000" in warning
 
 
 # ---- /healthz: node eligibility, /livez, counters -----------------------------------------

@@ -2,7 +2,7 @@
 
 Owns: `Tracker`, a thread-safe store of the newest view per kind and namespaced name, fed by
 the watchers (or the manifest source): `replace()` after each list, `event()` per watch event.
-Every object is parsed into its frozen view (api.py) the moment it arrives and the raw JSON is
+Every object is parsed into its frozen view (api.read) the moment it arrives and the raw JSON is
 dropped (managedFields, last-applied annotations and every other unused field with it), so a
 sync never parses again and memory holds only what ipvsproxy reads. A malformed object is
 absent (as if deleted) and its warning is kept until it is fixed or removed.
@@ -17,7 +17,7 @@ them (full resyncs, `diff`).
 `synced()` is the guard against a partial view: until every required kind has listed once,
 nothing may be programmed, or a restart would delete rules for objects not yet seen.
 
-Imports: api, sync.wire, the standard library.
+Imports: api, the standard library.
 """
 
 from __future__ import annotations
@@ -28,32 +28,29 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ipvsproxy.api import (
+    NODE,
+    SERVICE,
+    SLICE,
+    TRIGGER_TIME,
     EndpointSliceView,
-    Malformed,
     NodeView,
     RawJson,
     RawObject,
+    Read,
     Ref,
     ServiceView,
-    describe,
-    parse_node,
-    parse_service,
-    parse_slice,
+    View,
+    key_of,
+    read,
 )
-from ipvsproxy.sync.wire import parsed_json
 
-SERVICE, SLICE, NODE = "Service", "EndpointSlice", "Node"
+__all__ = ["NODE", "SERVICE", "SLICE", "TRIGGER_TIME", "Changes", "Parsed", "Tracker", "parse"]
 
-# EndpointSlice annotation set by the endpoint controllers: when the change that produced this
-# slice happened (for kubeproxy_network_programming_duration_seconds).
-TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
-
-View = ServiceView | EndpointSliceView | NodeView
-_PARSERS: Mapping[str, Callable[[RawObject], View]] = {
-    SERVICE: parse_service,
-    SLICE: parse_slice,
-    NODE: parse_node,
-}
+# One object as the tracker keeps it: its view, or why it is malformed (the raw object is
+# dropped); `parse()` makes one (pure: a watcher may call it before handing the object over,
+# so a large list never holds every raw object at once).
+Parsed = Read
+parse = read
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,51 +63,6 @@ class Changes:
     everything: bool  # `services` holds every Service (the first take, a node change)
     warnings: tuple[str, ...]  # every malformed object currently in the input
     trigger_times: tuple[str, ...] = ()  # TRIGGER_TIME of slices changed since the last take
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    """One object as the tracker keeps it: its view, or why it is malformed (raw dropped)."""
-
-    key: Ref
-    view: View | None
-    warning: str = ""
-    trigger: str = ""  # the TRIGGER_TIME annotation of a slice
-
-
-def parse(kind: str, obj: RawObject | RawJson) -> Parsed:
-    """Parse a raw object of `kind` (pure; a watcher may call it before handing it over, so
-    a large list never holds every raw object at once). JSON text is decoded straight into
-    its view where sync/wire.py can, else decoded whole and parsed as any object."""
-    view: View | None = None
-    if isinstance(obj, RawJson):
-        fast = parsed_json(kind, obj.data)
-        if fast is not None:
-            obj, view = fast
-        else:
-            try:
-                obj = obj.decoded()
-            except (ValueError, RecursionError) as exc:
-                return Parsed(("", ""), None, f"skipping {kind}: invalid JSON: {exc}")
-    if not isinstance(obj, Mapping):
-        kind_of = type(obj).__name__
-        return Parsed(("", ""), None, f"skipping {kind}: expected an object, got {kind_of}")
-    key = _key(obj)
-    try:
-        if view is None:
-            view = _PARSERS[kind](obj)
-    except Malformed as exc:  # the only error the parsers raise (tests/test_api_fuzz.py)
-        return Parsed(key, None, f"skipping malformed {kind} {describe(obj)}: {exc}")
-    trigger = (_annotation(obj, TRIGGER_TIME) or "") if kind == SLICE else ""
-    return Parsed(key, view, trigger=trigger)
-
-
-def _key(obj: RawObject) -> Ref:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(meta, Mapping):
-        return ("", "")
-    namespace, name = meta.get("namespace"), meta.get("name")
-    return (namespace if isinstance(namespace, str) else "", name if isinstance(name, str) else "")
 
 
 class Tracker:
@@ -161,7 +113,7 @@ class Tracker:
         """One watch event: ADDED, MODIFIED or DELETED (BOOKMARK and ERROR are not for us)."""
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
-        item = Parsed(_key(obj), None) if event_type == "DELETED" else parse(kind, obj)
+        item = Parsed(key_of(obj), None) if event_type == "DELETED" else parse(kind, obj)
         with self._lock:
             changed = self._store(kind, item, event=True)
         if changed:
@@ -300,13 +252,6 @@ class Tracker:
             if kind == SLICE:
                 return tuple(self._slices.values())
             return tuple(self._nodes.values())
-
-
-def _annotation(obj: RawObject, name: str) -> str | None:
-    meta = obj.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    value = annotations.get(name) if isinstance(annotations, Mapping) else None
-    return value if isinstance(value, str) else None
 
 
 def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceView:

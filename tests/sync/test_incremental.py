@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView, parse_node, parse_service
+from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
 from ipvsproxy.config import Config
 from ipvsproxy.model import DeleteService, IpvsState
 from ipvsproxy.pipeline import Pipeline
@@ -23,7 +23,7 @@ from ipvsproxy.sync.desired import desired_state
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, node, port, service, slice_
+from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0)
 NAMES = ("a", "b", "c", "d")

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView, parse_node
+from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
 from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.companion.sets import wanted
 from ipvsproxy.model import DeleteService, IpvsState
@@ -27,7 +27,7 @@ from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.companion.test_scale import FakeHost
-from tests.factories import node
+from tests.factories import node, parse_node
 from tests.sync.test_incremental import CONFIG, nodes, services, slices
 
 steps = st.lists(

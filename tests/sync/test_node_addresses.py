@@ -10,13 +10,12 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from ipvsproxy.api import parse_node
 from ipvsproxy.config import Config
 from ipvsproxy.model import IPAddress
 from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, port, service, slice_
+from tests.factories import ep, parse_node, port, service, slice_
 from tests.test_daemon import driven_agent, next_run
 
 V4, V6 = ip_address("192.168.0.10"), ip_address("2001:db8::10")

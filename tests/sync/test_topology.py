@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.api import EndpointView, NodeView, parse_node, parse_slice
+from ipvsproxy.api import EndpointView, NodeView
 from ipvsproxy.sync.desired import categorize_endpoints
-from tests.factories import ep, node, port, service, slice_, translate
+from tests.factories import ep, node, parse_node, parse_slice, port, service, slice_, translate
 from tests.sync.test_desired import R, V
 
 HOST = "test-hostname"
@@ -411,7 +411,7 @@ def test_hints_and_the_zone_label_are_parsed():
     assert parse_slice(slice_(endpoints=[ep("10.244.1.1")])).endpoints[0].zone_hints == set()
     n = parse_node(zoned_node("zone-b"))
     assert n.zone == "zone-b"
-    assert "other.io/x" not in n.labels  # only the prefixes api.py keeps
+    assert "other.io/x" not in n.labels  # only the prefixes the views keep
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,17 @@
-"""No wrongly-shaped field escapes the parser as anything but a warning (issue 14).
+"""The one object parser: any value in any field gives a view or a warning, never an exception.
 
-api.py promises: an object whose fields have the wrong shape is skipped with a warning that
-names the object and the field; parsing never raises anything but `Malformed`. First the
-shapes that raised before (each one reproduced as an operator met it: `diff --manifests`),
-then hypothesis substitutes arbitrary JSON values into every field the parser reads.
+`api.read()` promises: an object whose fields have the wrong shape or an invalid value is
+skipped with a warning that names the object and the field; nothing is raised, whatever JSON
+(or YAML: dates, sets, binary) a field holds. First the shapes operators met (`diff
+--manifests`), then hypothesis puts arbitrary values into every field the parser reads, and
+checks that an object's JSON text (a JSON manifest's List item) reads as its decoded form.
 """
 
 from __future__ import annotations
 
-import ast
 import copy
 import datetime as dt
 import json
-import re
 from typing import Any
 
 import pytest
@@ -22,22 +21,19 @@ from hypothesis import strategies as st
 
 from ipvsproxy.api import (
     EndpointSliceView,
-    Malformed,
     NodeView,
     Parsed,
     RawJson,
     ServiceView,
     describe,
-    parse_node,
     parse_objects,
-    parse_service,
-    parse_slice,
+    read,
 )
 from ipvsproxy.cli import main
-from ipvsproxy.sync import tracker, wire
+from ipvsproxy.sync import tracker
 from tests.factories import ep, node, port, service, slice_
 
-# ---- the shapes that raised before -------------------------------------------------------
+# ---- the shapes operators met ------------------------------------------------------------
 
 
 def _lb(**spec: Any) -> Any:
@@ -55,7 +51,7 @@ REGRESSIONS = {
     ),
     "status.loadBalancer.ingress a number": (
         {**_lb(), "status": {"loadBalancer": {"ingress": 5}}},
-        "Service default/web: status.loadBalancer.ingress: expected a list, got int",
+        "Service default/web: status.loadBalancer.ingress: expected a list, got number",
     ),
     "endpoint conditions a list": (
         slice_(endpoints=[{"addresses": ["10.244.0.1"], "conditions": [{"ready": True}]}]),
@@ -64,6 +60,35 @@ REGRESSIONS = {
     "targetPort a non-ASCII digit": (
         service("web", ports=[port(target="²")]),
         "Service default/web: spec.ports[0].targetPort '²' is neither a port number nor a name",
+    ),
+    "a condition as a string": (
+        slice_(endpoints=[{"addresses": ["10.244.0.1"], "conditions": {"ready": "false"}}]),
+        "EndpointSlice default/web-abcde: endpoints[0].conditions.ready: "
+        "expected true, false or null, got str",
+    ),
+    "a source range as a number": (
+        _lb(loadBalancerSourceRanges=[5]),
+        "Service default/web: spec.loadBalancerSourceRanges[0]: expected a string, got number",
+    ),
+    "a scoped IPv6 cluster IP": (
+        service("web", cluster_ips=("fe80::1%eth0",)),
+        "Service default/web: spec.clusterIPs[0] 'fe80::1%eth0' is not an IP address",
+    ),
+    "nodePort false (not 'none allocated')": (
+        service("web", type="NodePort", ports=[port(node_port=False)]),
+        "Service default/web: spec.ports[0].nodePort: expected an integer, got bool",
+    ),
+    "a pod CIDR as a number": (
+        {**node("node-a"), "spec": {"podCIDRs": [10]}},
+        "Node node-a: spec.podCIDRs[0]: expected a string, got number",
+    ),
+    "a label key not a string (YAML)": (
+        service("web", labels={1: "x"}),
+        "Service default/web: metadata.labels: has a key that is not a string, got number",
+    ),
+    "a label value a date (YAML)": (
+        service("web", labels={"day": dt.date(2024, 1, 1)}),
+        "Service default/web: metadata.labels[...]: expected a string, got date",
     ),
 }
 
@@ -76,37 +101,6 @@ def test_a_wrongly_shaped_field_is_a_warning_naming_object_and_field(obj, warnin
     assert [s.name for s in parsed.services] == ["other"]
 
 
-# Shapes that did not raise but were misread: now warnings too.
-MISREAD = {
-    "a condition as a string": (
-        slice_(endpoints=[{"addresses": ["10.244.0.1"], "conditions": {"ready": "false"}}]),
-        "EndpointSlice default/web-abcde: endpoints[0].conditions.ready: "
-        "expected true, false or null, got str",
-    ),
-    "a source range as a number": (
-        _lb(loadBalancerSourceRanges=[5]),
-        "Service default/web: spec.loadBalancerSourceRanges[0]: expected a string, got int",
-    ),
-    "a scoped IPv6 cluster IP": (
-        service("web", cluster_ips=("fe80::1%eth0",)),
-        "Service default/web: spec.clusterIPs[0] 'fe80::1%eth0' is not an IP address",
-    ),
-    "nodePort false (read as none)": (
-        service("web", type="NodePort", ports=[port(node_port=False)]),
-        "Service default/web: spec.ports[0].nodePort False is not a port number (1-65535)",
-    ),
-    "a pod CIDR as a number": (
-        {**node("node-a"), "spec": {"podCIDRs": [10]}},
-        "Node node-a: spec.podCIDRs[0]: expected a string, got int",
-    ),
-}
-
-
-@pytest.mark.parametrize(("obj", "warning"), MISREAD.values(), ids=MISREAD.keys())
-def test_a_misread_shape_is_a_warning_naming_object_and_field(obj, warning):
-    assert parse_objects([obj]).warnings == (f"skipping malformed {warning}",)
-
-
 def test_a_value_shared_a_billion_times_is_named_briefly():
     """YAML aliases make a few lines a tree of 9**30 leaves; its repr would never end."""
     bomb: list[Any] = ["lol"]
@@ -114,7 +108,7 @@ def test_a_value_shared_a_billion_times_is_named_briefly():
         bomb = [bomb] * 9
     obj = service("web", ports=[{"port": bomb}])
     (warning,) = parse_objects([obj]).warnings
-    assert warning.startswith("skipping malformed Service default/web: spec.ports[0].port [[[")
+    assert warning.startswith("skipping malformed Service default/web: spec.ports[0].port: ")
     assert len(warning) < 300
     obj = service("web", ns=bomb)
     obj["metadata"]["name"] = bomb
@@ -123,7 +117,21 @@ def test_a_value_shared_a_billion_times_is_named_briefly():
     assert len(warning) < 600
 
 
-@pytest.mark.parametrize(("obj", "warning"), REGRESSIONS.values(), ids=REGRESSIONS.keys())
+def test_nesting_past_the_recursion_limit_is_a_warning():
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    (warning,) = parse_objects([service("web", externalIPs=deep)]).warnings
+    assert warning.startswith("skipping malformed Service default/web: spec.externalIPs[0]")
+    deep_text = b"[" * 100_000 + b"]" * 100_000
+    for kind, where in (("Node", b"deletionTimestamp"), ("Service", b"managedFields")):
+        text = b'{"metadata": {"name": "n", "%s": %s}}' % (where, deep_text)
+        got = read(kind, RawJson(kind, text))
+        assert got.view is None
+        assert got.warning.startswith(f"skipping malformed {kind} "), got.warning
+
+
+@pytest.mark.parametrize(("obj", "warning"), list(REGRESSIONS.values())[:5])
 def test_diff_warns_and_plans_the_rest_instead_of_a_traceback(tmp_path, obj, warning):
     other = service("other", cluster_ips=("10.96.0.99",))
     objects = [obj, other, slice_("other", endpoints=[ep("10.244.0.1")]), node("node-a")]
@@ -143,15 +151,13 @@ def test_diff_warns_and_plans_the_rest_instead_of_a_traceback(tmp_path, obj, war
     assert "10.96.0.99:80" in result.stdout
 
 
-# ---- every field, any JSON value -----------------------------------------------------------
+# ---- every field, any value -------------------------------------------------------------
 #
-# Complete objects that use every field the parser reads (a dual-stack LoadBalancer with
-# affinity, source ranges and an ingress; a slice with conditions; a node with pod CIDRs).
-# Each test picks one position in such an object (a field, or a whole subtree such as
-# `spec` or `spec.ports[0]`), puts an arbitrary value there or deletes it, and parses.
+# Complete objects that use every field the parser reads. Each case picks one position in
+# such an object (a field, a list item, or a whole subtree such as `spec.ports[0]`), puts an
+# arbitrary value there or deletes it, and reads the object as a dict and as JSON text.
 
 SERVICE: dict[str, Any] = {
-    "apiVersion": "v1",
     "kind": "Service",
     "metadata": {
         "name": "web",
@@ -170,6 +176,7 @@ SERVICE: dict[str, Any] = {
         "externalIPs": ["192.0.2.10"],
         "externalTrafficPolicy": "Local",
         "internalTrafficPolicy": "Cluster",
+        "healthCheckNodePort": 32000,
         "sessionAffinity": "ClientIP",
         "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
         "loadBalancerSourceRanges": ["203.0.113.0/24"],
@@ -177,7 +184,6 @@ SERVICE: dict[str, Any] = {
     "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10", "ipMode": "VIP"}]}},
 }
 SLICE: dict[str, Any] = {
-    "apiVersion": "discovery.k8s.io/v1",
     "kind": "EndpointSlice",
     "metadata": {
         "name": "web-abcde",
@@ -193,14 +199,18 @@ SLICE: dict[str, Any] = {
             "conditions": {"ready": True, "serving": True, "terminating": False},
             "nodeName": "node-a",
             "hints": {"forZones": [{"name": "a"}], "forNodes": [{"name": "node-a"}]},
-        }
+        },
+        {"addresses": ["10.244.0.2", "10.244.0.3"], "conditions": {"serving": None}},
     ],
 }
 NODE: dict[str, Any] = {
-    "apiVersion": "v1",
     "kind": "Node",
     "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "a"}},
-    "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24", "fd00:244::/64"]},
+    "spec": {
+        "podCIDR": "10.244.0.0/24",
+        "podCIDRs": ["10.244.0.0/24", "fd00:244::/64"],
+        "taints": [{"key": "ToBeDeletedByClusterAutoscaler"}],
+    },
     "status": {
         "addresses": [
             {"type": "InternalIP", "address": "192.168.0.10"},
@@ -208,12 +218,8 @@ NODE: dict[str, Any] = {
         ]
     },
 }
-PARSERS = {
-    "Service": (parse_service, ServiceView),
-    "EndpointSlice": (parse_slice, EndpointSliceView),
-    "Node": (parse_node, NodeView),
-}
 OBJECTS = {"Service": SERVICE, "EndpointSlice": SLICE, "Node": NODE}
+VIEWS = {"Service": ServiceView, "EndpointSlice": EndpointSliceView, "Node": NodeView}
 
 Path = tuple[str | int, ...]
 
@@ -230,19 +236,6 @@ def positions(value: object, path: Path = ()) -> list[Path]:
     return out
 
 
-def field_path(field: str) -> Path:
-    """`spec.ports[0].name` or `metadata.labels['app']` as a path: ("spec", "ports", 0, ...)."""
-    out: list[str | int] = []
-    for index, quoted, name in re.findall(
-        r"\[(\d+)\]|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]|([^.\[\]]+)", field
-    ):
-        out.append(int(index) if index else ast.literal_eval(quoted) if quoted else name)
-    return tuple(out)
-
-
-# Interesting strings: valid values of some field (so a substitution may be valid elsewhere
-# than its own field), look-alikes (non-ASCII digits, which str.isdigit() accepts and int()
-# may refuse), and the empty string.
 WORDS = st.sampled_from(
     ["", " ", "None", "ClientIP", "Local", "Cluster", "LoadBalancer", "ExternalName", "NodePort",
      "TCP", "SCTP", "tcp", "IPv4", "IPv6", "FQDN", "Proxy", "InternalIP", "http", "dns",
@@ -256,7 +249,6 @@ SCALARS = (
     | st.sampled_from([0, 1, -1, 80, 65535, 65536, 86400, 86401, 2**64])
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=20)
-    | st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=3)  # "²", "٣"
     | WORDS
 )
 # what YAML manifests add to JSON's types (PyYAML's SafeLoader: !!timestamp, !!binary, !!set)
@@ -265,7 +257,9 @@ KEYS = st.sampled_from(sorted({str(p[-1]) for o in OBJECTS.values() for p in pos
 VALUES = st.recursive(
     SCALARS | YAML_SCALARS,
     lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(KEYS | st.text(max_size=5), inner, max_size=4)
+        st.lists(inner, max_size=3)
+        | st.dictionaries(KEYS | st.text(max_size=5) | st.integers(), inner, max_size=4)
+        | st.frozensets(SCALARS.filter(lambda v: v == v), max_size=3)  # !!set; NaN != NaN
     ),
     max_leaves=10,
 )
@@ -284,59 +278,31 @@ def substituted(obj: dict[str, Any], path: Path, value: object) -> dict[str, Any
     return out
 
 
-def related(field: Path, path: Path) -> bool:
-    """Whether an error in `field` can be due to a change at `path`: the same field, one
-    inside it (a subtree was replaced) or around it (`spec.ports`: duplicate names)."""
-    common = min(len(field), len(path))
-    return field[:common] == path[:common] or (
-        # a slice's addressType decides which address family its endpoints must have
-        path == ("addressType",) and field[0] == "endpoints"
-    )
-
-
-def same_from_json(kind: str, obj: object) -> None:
-    """The tracker parses the object's JSON text (a JSON manifest's List item: sync/wire.py
-    decodes what it can straight into the view) exactly as it parses the decoded object:
-    the same view, key and trigger, or the same warning."""
-    try:
-        text = json.dumps(obj)
-    except (TypeError, ValueError, RecursionError):  # YAML's dates, bytes and sets
-        return
-    assert tracker.parse(kind, RawJson(kind, text.encode())) == tracker.parse(
-        kind, json.loads(text)
-    )
-
-
-def check(kind: str, obj: dict[str, Any], path: Path | None) -> None:
-    """parse_<kind> returns a view or raises Malformed naming a field (related to `path`,
-    when the object was changed there); parse_objects and the tracker skip the object with
-    a warning naming the object and the field; from its JSON text, the same."""
-    same_from_json(kind, obj)
-    parse, view_type = PARSERS[kind]
-    error: Malformed | None = None
-    try:
-        view = parse(obj)
-    except Malformed as exc:  # anything else fails the test
-        error = exc
-    if error is None:
-        assert isinstance(view, view_type)
+def check(kind: str, obj: dict[str, Any]) -> None:
+    """A view, or a warning naming the object (and then the field); from its JSON text, the
+    same as from the text's decoded form."""
+    got = read(kind, obj)
+    if got.view is not None:
+        assert isinstance(got.view, VIEWS[kind])
+        assert got.warning == ""
         assert parse_objects([obj]).warnings == ()
-        assert tracker.parse(kind, obj).view == view
+    else:
+        named = f"skipping malformed {kind} {describe(obj.get('metadata'))}: "
+        assert got.warning.startswith(named), got.warning
+        assert got.warning[len(named) :], got.warning
+        assert parse_objects([obj]).warnings == (got.warning,)
+    try:
+        text = json.dumps(obj, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # YAML's dates, bytes and sets; NaN
         return
-    field = error.field
-    assert str(error).startswith(field), (str(error), field)
-    assert field_path(field), field
-    if path is not None:
-        assert related(field_path(field), path), (field, path, str(error))
-    warning = f"skipping malformed {kind} {describe(obj)}: {error}"
-    assert parse_objects([obj]).warnings == (warning,)
-    assert tracker.parse(kind, obj).warning == warning
+    assert read(kind, RawJson(kind, text.encode())) == read(kind, json.loads(text))
 
 
 @pytest.mark.parametrize("kind", OBJECTS)
-def test_the_complete_objects_parse(kind):
-    _, view_type = PARSERS[kind]
-    assert isinstance(PARSERS[kind][0](OBJECTS[kind]), view_type)
+def test_the_complete_objects_read(kind):
+    got = read(kind, OBJECTS[kind])
+    assert isinstance(got.view, VIEWS[kind]), got.warning
+    assert got == read(kind, RawJson(kind, json.dumps(OBJECTS[kind]).encode()))
 
 
 FIELDS = [(kind, path) for kind, obj in OBJECTS.items() for path in positions(obj)]
@@ -347,18 +313,16 @@ EDGES = [ABSENT, None, True, False, 0, -1, 80, 2**64, 1.5, float("nan"), "", "x"
 
 
 @pytest.mark.parametrize("value", EDGES, ids=repr)
-def test_every_shape_in_every_field_is_a_view_or_a_warning_naming_the_field(value):
+def test_every_shape_in_every_field_is_a_view_or_a_warning(value):
     for kind, path in FIELDS:
-        check(kind, substituted(OBJECTS[kind], path, value), path)
+        check(kind, substituted(OBJECTS[kind], path, value))
 
 
-@pytest.mark.parametrize(
-    ("kind", "path"), FIELDS, ids=[f"{kind}:{'.'.join(map(str, p))}" for kind, p in FIELDS]
-)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(value=st.just(ABSENT) | VALUES)
-def test_any_value_in_any_field_is_a_view_or_a_warning_naming_the_field(kind, path, value):
-    check(kind, substituted(OBJECTS[kind], path, value), path)
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(FIELDS), value=st.just(ABSENT) | VALUES)
+def test_any_value_in_any_field_is_a_view_or_a_warning(field, value):
+    kind, path = field
+    check(kind, substituted(OBJECTS[kind], path, value))
 
 
 # Whole objects of random shape, built from the parser's own field names so that the random
@@ -373,15 +337,14 @@ SHAPES = st.recursive(
 @pytest.mark.parametrize("kind", OBJECTS)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=st.dictionaries(KEYS, SHAPES, max_size=6))
-def test_an_object_of_any_shape_is_a_view_or_a_warning_naming_a_field(kind, body):
-    check(kind, {**body, "kind": kind}, None)
+def test_an_object_of_any_shape_is_a_view_or_a_warning(kind, body):
+    check(kind, {**body, "kind": kind})
 
 
 @settings(max_examples=200, deadline=None)
 @given(objects=st.lists(VALUES, max_size=4))
 def test_parse_objects_takes_any_list_of_values(objects):
-    parsed = parse_objects(objects)  # nothing with a kind: ignored
-    assert parsed == Parsed()
+    assert parse_objects(objects) == Parsed()  # nothing with a kind: ignored
 
 
 @settings(max_examples=100, deadline=None)
@@ -393,61 +356,13 @@ def test_the_tracker_takes_any_event_object(obj, event):
         store.event(kind, event, obj)
         assert not store.views(kind)
     if not isinstance(obj, dict) and event != "DELETED":
-        got = type(obj).__name__
+        got = "null" if obj is None else type(obj).__name__
         want = tuple(f"skipping {kind}: expected an object, got {got}" for kind in OBJECTS)
         assert store.take().warnings == want
 
 
-# ---- JSON text: the fast path (sync/wire.py) against the decoded object ------------------
-#
-# SLICE's endpoint has topology hints, which the fast path leaves to api.py: these slices
-# have none, and endpoints with every condition absent, null or set, so that the fast path
-# itself meets every value in every field.
-
-PLAIN_SLICE: dict[str, Any] = {
-    **SLICE,
-    "endpoints": [
-        {"addresses": ["10.244.0.1"], "conditions": {"ready": True}, "nodeName": "node-a"},
-        {"addresses": ["10.244.0.2", "10.244.0.3"], "conditions": {"serving": None}},
-        {"addresses": ["10.244.0.4"], "hints": None, "nodeName": ""},
-        {
-            "addresses": ["10.244.0.5"],
-            "conditions": {"ready": False, "serving": True, "terminating": True},
-            "targetRef": {"kind": "Pod", "name": "web-1"},
-        },
-    ],
-}
-FAST = {"Service": SERVICE, "EndpointSlice": PLAIN_SLICE}
-FAST_FIELDS = [(kind, path) for kind, obj in FAST.items() for path in positions(obj)]
-
-
-@pytest.mark.parametrize("kind", FAST)
-def test_the_fast_path_takes_the_complete_objects(kind):
-    """Else the tests below would only compare the ordinary path with itself."""
-    fast = wire.parsed_json(kind, json.dumps(FAST[kind]).encode())
-    assert fast is not None
-    assert fast[1] == PARSERS[kind][0](FAST[kind])
-
-
-@pytest.mark.parametrize("value", EDGES, ids=repr)
-def test_every_shape_in_every_field_parses_from_json_as_decoded(value):
-    for kind, path in FAST_FIELDS:
-        same_from_json(kind, substituted(FAST[kind], path, value))
-
-
-@pytest.mark.parametrize(
-    ("kind", "path"),
-    FAST_FIELDS,
-    ids=[f"{kind}:{'.'.join(map(str, p))}" for kind, p in FAST_FIELDS],
-)
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(value=st.just(ABSENT) | VALUES)
-def test_any_value_in_any_field_parses_from_json_as_decoded(kind, path, value):
-    same_from_json(kind, substituted(FAST[kind], path, value))
-
-
-@pytest.mark.parametrize("text", [b"{", b"[" * 100_000 + b"]" * 100_000, b"5", b'"x"'])
+@pytest.mark.parametrize("text", [b"{", b"[" * 100_000 + b"]" * 100_000, b"5", b'"x"', b"\xff"])
 def test_json_text_that_is_no_object_is_a_warning(text):
-    parsed = tracker.parse("Service", RawJson("Service", text))
+    parsed = read("Service", RawJson("Service", text))
     assert parsed.view is None
     assert parsed.warning.startswith("skipping Service: ")
