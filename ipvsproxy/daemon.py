@@ -28,12 +28,12 @@ from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
 from ipvsproxy.pipeline import PassResult, Pipeline, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.runner import Runner
-from ipvsproxy.sync.tracker import Tracker
+from ipvsproxy.sync.tracker import Changes, Tracker
 
 log = logging.getLogger("ipvsproxy.sync")
 
 DRAIN_POLL = 1.0  # seconds between connection-count checks while endpoints drain
-# A full pass is due once a sync period has passed since the last one (the runner's
+# A full pass is due once a sync period has passed since the last one ended (the runner's
 # periodic run comes exactly then; the margin absorbs clock rounding).
 FULL_DUE = 0.99
 
@@ -116,12 +116,15 @@ class SyncPass:
                 "sync failed with an unexpected error", traceback=True, started=started, full=full
             )
             return
+        self._completed(result, changes, started)
+
+    def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
+        """A pass that completed: metrics, health, the log line, early retries."""
         if result.full:
             self._metrics.families(self.pipeline.families())
             if not self._frozen:
                 freeze_heap()
                 self._frozen = True
-            self._last_full = started
         if result.stale:
             self.request_full()
         seconds = self._clock() - started
@@ -170,6 +173,8 @@ class SyncPass:
             result.companion_seconds,
         )
         self.last = result
+        if result.full:  # the period counts from its end, as the runner's does
+            self._last_full = self._clock()
         self._retry(failed=bool(result.companion_error), draining=result.sync.draining > 0)
 
     def _listen_on(self) -> tuple[IPAddress, ...]:

@@ -232,9 +232,19 @@ class Pipeline:
         except KernelError as exc:
             log.warning("cannot list this host's addresses (the last ones are kept): %s", exc)
             return False
-        changed = found != self._host
+        if self._host is None:
+            self._host = found
+            return True
+        gained, lost = set(found) - set(self._host), set(self._host) - set(found)
         self._host = found
-        return changed
+        if gained or lost:  # the order of a dump is no change
+            log.info(
+                "this host's addresses changed (gained %s, lost %s): every Service is "
+                "translated again",
+                ", ".join(map(str, sorted(gained, key=str))) or "none",
+                ", ".join(map(str, sorted(lost, key=str))) or "none",
+            )
+        return bool(gained or lost)
 
     def feed(self, changes: Changes) -> None:
         """Translate the changed Services into the desired state."""

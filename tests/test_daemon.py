@@ -391,3 +391,29 @@ def test_a_pass_that_raised_is_timed_as_kube_proxy_times_every_pass(monkeypatch)
     assert sample(agent.metrics, name + "_sum", ip_family="IPv4") == 7.5
     full = "kubeproxy_sync_full_proxy_rules_duration_seconds"
     assert sample(agent.metrics, full + "_sum", ip_family="IPv4") == 7.5
+
+
+def test_a_change_right_after_a_first_pass_longer_than_the_period_is_a_partial_pass():
+    """A first sync that outlasts the sync period (a large cluster on a slow node) is not
+    followed by a full pass at once: a change right after it is synced partially, Service by
+    Service, and the periodic full pass comes a period after the first one ended."""
+    agent, runner, clock = driven_agent()
+    agent.feed(service("web"), web_slice("10.244.0.5"))
+    apply = agent.kernel.apply
+
+    def slow_first(plan, *, names=None):
+        clock.now += 45  # the first pass takes longer than the 30 s period
+        return apply(plan, names=names)
+
+    agent.kernel.apply = slow_first  # type: ignore[method-assign]
+    assert runner.run_if_due() == 0
+    agent.kernel.apply = apply  # type: ignore[method-assign]
+    observations = agent.kernel.observations
+    agent.feed(service("web"), web_slice("10.244.0.5", "10.244.0.6"))
+    runner.request()
+    assert runner.run_if_due() == 0
+    assert agent.sync.last is not None
+    assert not agent.sync.last.full  # the change alone, no observation
+    assert agent.kernel.observations == observations
+    assert len(next(iter(agent.kernel.state.dests.values()))) == 2
+    assert next_run(runner, clock) == pytest.approx(CONFIG.sync_period)

@@ -117,7 +117,8 @@ _NLAHDR = struct.Struct("=HH")  # len, type
 _HEADER_LEN = _NLMSGHDR.size + _GENLHDR.size
 _FORMATS = {attr.layout: struct.Struct(attr.layout) for t in (COMMAND, SERVICE, DEST)
             for attr in t.values() if attr.layout not in (ADDRESS, STRING, NESTED)}  # fmt: skip
-_BY_KIND = {id(t): {attr.kind: (name, attr.layout) for name, attr in t.items()}
+# per space: attribute number -> (name, its struct or None, layout), for `unpack`
+_BY_KIND = {id(t): {a.kind: (name, _FORMATS.get(a.layout), a.layout) for name, a in t.items()}
             for t in (COMMAND, SERVICE, DEST)}  # fmt: skip
 
 
@@ -213,21 +214,29 @@ def pack(space: Mapping[str, Attr], values: Sequence[tuple[str, Any]]) -> bytes:
 
 def unpack(space: Mapping[str, Attr], buf: memoryview) -> dict[str, Any]:
     """The attributes of `buf` this space names: addresses and nests as raw bytes, strings
-    decoded, structs unpacked (one field: its value; more: a tuple). Unknown ones skipped."""
+    decoded, structs unpacked (one field: its value; more: a tuple). Unknown ones skipped.
+
+    One pass over the attributes, each unpacked where it lies: an observation decodes every
+    destination of the table (120,000 at 10,000 Services x 10), each a dozen attributes."""
     names = _BY_KIND[id(space)]
     out: dict[str, Any] = {}
-    for kind, raw in attrs(buf).items():
-        found = names.get(kind)
-        if found is None:
-            continue
-        name, layout = found
-        if layout in (ADDRESS, NESTED):
-            out[name] = raw
-        elif layout == STRING:
-            out[name] = bytes(raw).split(b"\0", 1)[0].decode("ascii", "replace")
-        else:
-            fields = _FORMATS[layout].unpack_from(raw)
-            out[name] = fields[0] if len(fields) == 1 else fields
+    offset, end = 0, len(buf)
+    while offset + 4 <= end:
+        length, kind = _NLAHDR.unpack_from(buf, offset)
+        if length < 4:
+            break
+        found = names.get(kind & NLA_TYPE_MASK)
+        if found is not None:
+            name, fmt, layout = found
+            if fmt is not None:
+                fields = fmt.unpack_from(buf, offset + 4)
+                out[name] = fields[0] if len(fields) == 1 else fields
+            elif layout == STRING:
+                raw = bytes(buf[offset + 4 : offset + length])
+                out[name] = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+            else:
+                out[name] = buf[offset + 4 : offset + length]
+        offset += (length + 3) & ~3
     return out
 
 

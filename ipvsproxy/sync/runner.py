@@ -1,5 +1,8 @@
 """A bounded-frequency runner: run a function at most every `min_interval`, at least every
 `max_interval`, and soon after a request (kube-proxy's BoundedFrequencyRunner, threaded).
+As there, both intervals count from the end of the last run: a run that takes longer than
+`max_interval` (a first sync of a large cluster on a slow node) is not followed at once by
+the periodic one.
 
 Owns: `Runner`. Other threads call `request()` (something changed) or `retry_after(s)` (the
 last run failed); one thread calls `loop()`. The decision of when to run is `due(now)`, a pure
@@ -71,9 +74,12 @@ class Runner:
         with self._lock:
             self._pending = False
             self._retry_at = math.inf
-            self._last_run = now
             self.queued_at = None
-        self._fn()
+        try:
+            self._fn()
+        finally:
+            with self._lock:
+                self._last_run = self._clock()
         return 0.0
 
     def loop(self) -> None:

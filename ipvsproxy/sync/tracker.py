@@ -22,6 +22,7 @@ Imports: api, the standard library.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -43,6 +44,8 @@ from ipvsproxy.api import (
     key_of,
     read,
 )
+
+log = logging.getLogger("ipvsproxy.sync")
 
 __all__ = ["NODE", "SERVICE", "SLICE", "TRIGGER_TIME", "Changes", "Parsed", "Tracker", "parse"]
 
@@ -179,14 +182,20 @@ class Tracker:
         return True
 
     def _store_node(self, name: str, view: NodeView | None) -> bool:
-        if self._nodes.get(name) == view:
+        """This node's Node changes every Service's translation (its addresses, zone, pod
+        CIDRs), unless only its eligibility changed, which the health check reads alone."""
+        old = self._nodes.get(name)
+        if old == view:
             return False
         if view is None:
             del self._nodes[name]
         else:
             self._nodes[name] = view
-        if not self._node_name or name == self._node_name:
+        ours = not self._node_name or name == self._node_name
+        if ours and _translated(old) != _translated(view):
             self._everything = True
+            if old is not None:
+                log.info("Node %s changed: every Service is translated again", name)
         return True
 
     @staticmethod
@@ -252,6 +261,11 @@ class Tracker:
             if kind == SLICE:
                 return tuple(self._slices.values())
             return tuple(self._nodes.values())
+
+
+def _translated(node: NodeView | None) -> NodeView | None:
+    """What of a Node the translation reads (all but its eligibility for /healthz)."""
+    return None if node is None else replace(node, eligible=True)
 
 
 def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceView:

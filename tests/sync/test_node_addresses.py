@@ -118,3 +118,35 @@ def test_an_address_added_to_the_host_gets_its_nodeports_at_the_next_full_pass()
     clock.now += next_run(runner, clock)
     runner.run_if_due()
     assert nodeports(agent.kernel) == {"10.0.0.7"}
+
+
+def test_the_same_host_addresses_in_another_order_are_no_change():
+    """A dump's order is no change of the host: no Service is translated again for it."""
+    found = [(V4, V6), (V6, V4)]
+    pipeline = Pipeline(
+        kernel=FakeKernel(), config=Config(node_name="node-a"), node_addresses=lambda: found[0]
+    )
+    assert pipeline.refresh_host()  # the first read
+    found.pop(0)
+    assert not pipeline.refresh_host()
+    found.append((V4,))
+    found.pop(0)
+    assert pipeline.refresh_host()  # one lost
+
+
+def test_only_a_node_change_the_translation_reads_hands_over_every_service():
+    """Eligibility (deletion, the autoscaler's taint) is the health check's alone."""
+    tracker = Tracker(node_name="node-a")
+    tracker.replace(SERVICE, [service("web"), service("db", cluster_ips=("10.96.0.11",))])
+    tracker.replace(NODE, [node_object(("InternalIP", "192.168.0.10"))])
+    assert tracker.take().everything  # the first take
+    deleting = node_object(("InternalIP", "192.168.0.10"))
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    tracker.replace(NODE, [deleting])
+    changes = tracker.take()
+    assert not changes.everything
+    assert changes.services == {}
+    assert changes.node is not None
+    assert not changes.node.eligible  # the health check still sees it
+    tracker.replace(NODE, [node_object(("InternalIP", "192.168.0.11"))])
+    assert len(tracker.take().services) == 2  # a new address: every Service again

@@ -53,6 +53,24 @@ def test_requests_are_rate_limited_not_lost():
     assert runner.run_if_due() == pytest.approx(30)  # both requests served by one run
 
 
+def test_both_intervals_count_from_the_end_of_the_last_run():
+    """kube-proxy's BoundedFrequencyRunner: a run longer than the period is not followed at
+    once by a periodic one, nor a request's run sooner than min_interval after it ended."""
+    clock = Clock()
+    runs: list[float] = []
+
+    def slow() -> None:
+        runs.append(clock.now)
+        clock.now += 45  # longer than the period
+
+    runner = Runner(slow, min_interval=1.0, max_interval=30.0, clock=clock)
+    assert runner.run_if_due() == 0  # 100 -> 145
+    assert runner.run_if_due() == pytest.approx(30)
+    runner.request()
+    assert runner.run_if_due() == pytest.approx(1)
+    assert runs == [100]
+
+
 def test_retry_after_comes_sooner_than_the_period():
     runner, clock, runs = make()
     runner.run_if_due()
