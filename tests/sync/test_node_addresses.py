@@ -122,7 +122,7 @@ def test_an_address_added_to_the_host_gets_its_nodeports_at_the_next_full_pass()
 
 def test_the_same_host_addresses_in_another_order_are_no_change():
     """A dump's order is no change of the host: no Service is translated again for it."""
-    found = [(V4, V6), (V6, V4)]
+    found: list[tuple[IPAddress, ...]] = [(V4, V6), (V6, V4)]
     pipeline = Pipeline(
         kernel=FakeKernel(), config=Config(node_name="node-a"), node_addresses=lambda: found[0]
     )
