@@ -60,7 +60,7 @@ class Recording(Commands):
 
     written: list[str] = field(default_factory=list)
 
-    def run(self, args, *, stdin=None):  # type: ignore[no-untyped-def]
+    def run(self, args, *, stdin=None):
         if stdin is not None:
             self.written.append(stdin)
         return super().run(args, stdin=stdin)

@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import cluster_ip, fresh_netns, median, table, timed  # noqa: E402
 from integration.lab import inside  # noqa: E402
-from ipvsproxy.ipvsadm import parse_save, render_save  # noqa: E402
 from ipvsproxy.model import (  # noqa: E402
     EMPTY,
     BindAddress,
@@ -44,6 +43,7 @@ from ipvsproxy.model import (  # noqa: E402
 )
 from ipvsproxy.netlink import NetlinkKernel  # noqa: E402
 from ipvsproxy.netlink.links import DummyDevice  # noqa: E402
+from ipvsproxy.saved_table import parse_save, render_save  # noqa: E402
 from ipvsproxy.schedulers import Scheduler  # noqa: E402
 from ipvsproxy.sync.ownership import Ownership  # noqa: E402
 from ipvsproxy.sync.plan import plan  # noqa: E402

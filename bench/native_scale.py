@@ -1,9 +1,9 @@
-"""The sync pipeline at a large cluster's size, natively, with the fake kernel.
+"""The sync proxier at a large cluster's size, natively, with the fake kernel.
 
 Runs on any machine (no root, no IPVS): the pure part of every sync, which is what grows
 with the cluster. Prints a table. A generated cluster (bench/common.py `cluster()`; default
 10,000 Services x 10 endpoints) goes through the same objects the agent uses: the Tracker
-(parse once on arrival), the Pipeline (DesiredIndex, partial and full passes) and
+(parse once on arrival), the Proxier (DesiredIndex, partial and full passes) and
 `testing.FakeKernel` (the kernel's semantics, in memory).
 
   row                              what is measured
@@ -26,6 +26,7 @@ import gc
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import NODES, _service, _slice, cluster_node, pod_ip  # noqa: E402
+from ipvsproxy.agent_loop import freeze_heap  # noqa: E402
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView  # noqa: E402
+from ipvsproxy.api import read as parse  # noqa: E402
 from ipvsproxy.config import Config  # noqa: E402
-from ipvsproxy.daemon import freeze_heap  # noqa: E402
-from ipvsproxy.pipeline import Pipeline  # noqa: E402
+from ipvsproxy.proxier import Proxier  # noqa: E402
 from ipvsproxy.sync.desired import desired_state  # noqa: E402
-from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker, parse  # noqa: E402
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker  # noqa: E402
 from ipvsproxy.testing import FakeKernel  # noqa: E402
 
 CONFIG = Config(node_name="node-0", min_sync_period=1.0, sync_period=30.0)
@@ -101,10 +103,10 @@ def main() -> None:
     rollouts = Rollouts(args.services, args.dests)
     tracker = Tracker(required=(SERVICE, SLICE, NODE), node_name=CONFIG.node_name)
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
     started = time.perf_counter()
     # as the agent lists: raw objects arrive a page (500) at a time and are parsed at once
-    generators = {
+    generators: dict[str, Callable[[int], Any]] = {
         NODE: lambda k: cluster_node(k),
         SERVICE: lambda i: _service(i),
         SLICE: lambda i: _slice(i, args.dests, i * args.dests),
@@ -117,7 +119,7 @@ def main() -> None:
             parsed += [parse(kind, raw) for raw in page]
         tracker.replace(kind, parsed)
         del parsed, page
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     first = time.perf_counter() - started
     assert result.ok
     del result
@@ -127,7 +129,7 @@ def main() -> None:
         (
             "RSS after the first sync",
             f"{rss_mib():.0f} MiB ({rss_mib() - base:.0f} MiB above start; "
-            f"{len(pipeline.index)} virtual servers, {pipeline.index.dest_count} real servers)",
+            f"{len(proxier.index)} virtual servers, {proxier.index.dest_count} real servers)",
         )
     )
 
@@ -135,7 +137,7 @@ def main() -> None:
     for n in range(20):
         tracker.event(SLICE, "MODIFIED", rollouts.next(n))
         t0 = time.perf_counter()
-        result = pipeline.sync(tracker.take(), full=False)
+        result = proxier.sync(tracker.take(), full=False)
         times.append(time.perf_counter() - t0)
         sent.append(len(result.sync.plan))
     times.sort()
@@ -146,7 +148,7 @@ def main() -> None:
         )
     )
     t0 = time.perf_counter()
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     rows.append(
         ("idle full resync", f"{time.perf_counter() - t0:.2f} s, {len(result.sync.plan)} ops")
     )
@@ -156,10 +158,8 @@ def main() -> None:
     del result
 
     if args.soak > 0:
-        rows += soak(tracker, pipeline, kernel, rollouts, args)
-    print(
-        f"ipvsproxy pipeline at scale, natively with FakeKernel (Python {sys.version.split()[0]})"
-    )
+        rows += soak(tracker, proxier, kernel, rollouts, args)
+    print(f"ipvsproxy proxier at scale, natively with FakeKernel (Python {sys.version.split()[0]})")
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -167,7 +167,7 @@ def main() -> None:
 
 def soak(
     tracker: Tracker,
-    pipeline: Pipeline,
+    proxier: Proxier,
     kernel: FakeKernel,
     rollouts: Rollouts,
     args: argparse.Namespace,
@@ -184,7 +184,7 @@ def soak(
             tracker.event(SLICE, "MODIFIED", rollouts.next(serial))
         full = time.monotonic() - last_full >= CONFIG.sync_period
         t0 = time.perf_counter()
-        result = pipeline.sync(tracker.take(), full=full)
+        result = proxier.sync(tracker.take(), full=full)
         slowest = max(slowest, 0.0 if full else time.perf_counter() - t0)
         kernel.applied.clear()  # the fake's record of every operation, not the agent's memory
         assert result.ok, result.sync.report.failures[:3]
@@ -196,7 +196,7 @@ def soak(
             blocks.append(sys.getallocatedblocks())
         next_tick += 1.0
         time.sleep(max(0.0, next_tick - time.monotonic()))
-    pipeline.sync(tracker.take(), full=False)
+    proxier.sync(tracker.take(), full=False)
     want = from_scratch(tracker)
     got = kernel.state
     equal = (got.services, got.dests, got.bound) == (want.services, want.dests, want.bound)

@@ -3,7 +3,7 @@
 Run inside the IPVS VM as root (scripts/bench-whole does that); prints a table. A generated
 cluster (bench/common.py `cluster()`: S Services x D endpoints, one in ten a NodePort, one
 in ten with two ports, endpoints over 5 nodes, this node `node-0` among them) is written as
-one JSON `List`; `ipvsproxy.sync.desired.from_objects` + `ipvsadm.render_save` give the
+one JSON `List`; `ipvsproxy.sync.desired.from_objects` + `saved_table.render_save` give the
 exact virtual and real servers ipvsproxy should program, as `ipvsadm -R` input. Every
 measurement runs in a fresh network namespace (IPVS state, ipsets and iptables are per
 namespace) and every table is checked against `ipvsadm-save -n`.
@@ -66,8 +66,8 @@ from bench.common import (  # noqa: E402
 )
 from integration.lab import inside  # noqa: E402
 from ipvsproxy.config import Config, parse_cidrs  # noqa: E402
-from ipvsproxy.ipvsadm import parse_save, render_save  # noqa: E402
 from ipvsproxy.model import IpvsState  # noqa: E402
+from ipvsproxy.saved_table import parse_save, render_save  # noqa: E402
 from ipvsproxy.sync.desired import from_objects  # noqa: E402
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -75,7 +75,7 @@ IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE_FLAGS = [
     "--hostname-override", BENCH_NODE,
     "--service-cidr", SERVICE_CIDR,
-    "--cluster-cidr", POD_NETWORK,  # the companion's masquerade rules, as kube-proxy runs
+    "--cluster-cidr", POD_NETWORK,  # the firewall's masquerade rules, as kube-proxy runs
 ]  # fmt: skip
 
 
@@ -228,13 +228,13 @@ class SyncLine:
         return self.number(r"\((\d+) failed\)")
 
     @property
-    def companion(self) -> int | None:
-        return self.number(r"(\d+) companion changes")
+    def firewall(self) -> int | None:
+        return self.number(r"(\d+) firewall changes")
 
     @property
     def seconds(self) -> float | None:
         """The sync's duration: the `N.NNNs` before the `(full, ...)` suffix (the suffix has
-        the companion's share, `companion N.NNNs`), else the last `N.NNNs` of the line."""
+        the firewall's share, `firewall N.NNNs`), else the last `N.NNNs` of the line."""
         m = re.search(r"(\d+\.\d+)s \(", self.msg)
         found = [m.group(1)] if m else re.findall(r"(\d+\.\d+)s\b", self.msg)
         return float(found[-1]) if found else None
@@ -487,7 +487,7 @@ def idle_resync(run: AgentRun, args: argparse.Namespace, out: Results) -> bool:
             prev, idle = run.log.syncs[before - 1], run.log.syncs[before]
             if idle.seen - prev.seen >= 0.8 * args.sync_period and idle.kind.startswith("full"):
                 break
-        if idle.operations != 0 or idle.companion not in (0, None):
+        if idle.operations != 0 or idle.firewall not in (0, None):
             out.problem(f"agent: the idle resync wrote something: {idle.msg}")
         idles.append(idle)
         dumps.append(
@@ -495,7 +495,7 @@ def idle_resync(run: AgentRun, args: argparse.Namespace, out: Results) -> bool:
         )
     seconds = statistics.median(i.seconds or 0.0 for i in idles)
     dump = statistics.median(dumps)
-    note = f"{idles[-1].operations} operations, {idles[-1].companion} companion changes"
+    note = f"{idles[-1].operations} operations, {idles[-1].firewall} firewall changes"
     note += f" ({idles[-1].kind})" if idles[-1].kind else ""
     out.add("agent", f"idle periodic resync (log), median of {len(idles)}", seconds, dump,
             note + "; target <= 0.30")  # fmt: skip

@@ -86,9 +86,9 @@ def clean_ipvs(device: str = "kube-ipvs0") -> None:
     Runs twice per test, and every process costs a lot under emulation: look first
     (/proc, /sys and one save per tool), clean only what is there.
     """
-    from ipvsproxy.companion import rules as companion_rules
-    from ipvsproxy.companion import sets as companion_sets
-    from ipvsproxy.companion.kernel import Companion
+    from ipvsproxy.firewall import rules as firewall_rules
+    from ipvsproxy.firewall import sets as firewall_sets
+    from ipvsproxy.firewall.kernel import Firewall
     from ipvsproxy.iptables import IptablesKernel
     from ipvsproxy.iptables import rules as fallback_rules
 
@@ -101,11 +101,11 @@ def clean_ipvs(device: str = "kube-ipvs0") -> None:
         subprocess.run(command, capture_output=True, text=True, check=False).stdout
         for command in (["iptables-save"], ["ip6tables-save"], ["ipset", "list", "-n"])
     )
-    ours = (companion_rules.PREFIX, companion_sets.SET_PREFIX, fallback_rules.PREFIX)
+    ours = (firewall_rules.PREFIX, firewall_sets.SET_PREFIX, fallback_rules.PREFIX)
     if any(prefix in seen for prefix in ours):
-        companion = Companion()
-        companion.check()
-        companion.cleanup()
+        firewall = Firewall()
+        firewall.check()
+        firewall.cleanup()
         fallback = IptablesKernel()
         fallback.check()
         fallback.cleanup()

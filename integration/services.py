@@ -1,4 +1,4 @@
-"""Services for real-traffic tests, programmed through ipvsproxy's own pass (the pipeline the
+"""Services for real-traffic tests, programmed through ipvsproxy's own pass (the proxier the
 agent runs: tracker, translation, plan, apply) into any backend: the lab's backends are the
 endpoints."""
 
@@ -10,7 +10,7 @@ from typing import Any
 from integration.lab import PORT, Lab
 from ipvsproxy.config import Config
 from ipvsproxy.kernel import Kernel
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced
 
@@ -29,7 +29,7 @@ CONFIG = Config(node_name="node-a", service_cidrs=(ip_network("10.96.0.0/16"),))
 
 
 def program(kernel: Kernel, lab: Lab, *services: dict[str, Any]) -> Synced:
-    """Services with the lab's backends as endpoints, through one full pass of the pipeline;
+    """Services with the lab's backends as endpoints, through one full pass of the proxier;
     a second full pass finds nothing to do."""
     objects = [node(addresses=(NODE_IP,))]
     for svc in services:
@@ -43,7 +43,7 @@ def program(kernel: Kernel, lab: Lab, *services: dict[str, Any]) -> Synced:
                 endpoints=[ep(b.address) for b in lab.backends],
             ),
         ]
-    synced = Synced(Pipeline(kernel=kernel, config=CONFIG))
+    synced = Synced(Proxier(kernel=kernel, config=CONFIG))
     result = synced.sync(objects)
     assert result.sync.report.failures == ()
     assert result.ok

@@ -200,7 +200,7 @@ def test_agent_end_to_end(world, tmp_path):
     eventually(lambda: b3 in saved(), what="b3 drains at weight 0")
     assert set(web_counts(client, 8)) == {"b1", "b2"}  # no new connections to b3
     assert alive(held["b3"])  # the established one still works
-    # the metric follows the sync pass, which goes on to the companion rules after IPVS
+    # the metric follows the sync pass, which goes on to the firewall rules after IPVS
     eventually(lambda: agent.metric("ipvsproxy_draining_real_servers") == 1, what="metric")
 
     # a restart in the middle of the drain keeps rules, connections and the drain itself

@@ -107,7 +107,7 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
     try:
         assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0
         assert "-A -t 10.96.0.10:80" in _ipvs()
-        assert "IPVSPROXY-SERVICES" in _nat()  # IPVS mode's companion rules
+        assert "IPVSPROXY-SERVICES" in _nat()  # IPVS mode's firewall rules
 
         ran = invoke("run", "--once", "--manifests", EXAMPLES, *NODE, "--backend", "iptables")
         assert ran.exit_code == 0, ran.output
@@ -115,7 +115,7 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
         assert "192.168.99.1:443" in _ipvs()  # ... and nothing else
         assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
         assert "-d 10.96.0.10/32" in _nat()
-        assert "IPVSPROXY-SERVICES" not in _nat()  # IPVS mode's companion rules went too
+        assert "IPVSPROXY-SERVICES" not in _nat()  # IPVS mode's firewall rules went too
 
         assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0  # auto: IPVS
         assert "IPVSPX" not in _nat()
@@ -130,7 +130,7 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
         filter_rules = subprocess.run(
             ["iptables-save", "-t", "filter"], capture_output=True, text=True, check=True
         ).stdout
-        assert "IPVSPROXY" not in _nat() + filter_rules  # the companion rules went too ...
+        assert "IPVSPROXY" not in _nat() + filter_rules  # the firewall rules went too ...
         sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout
         assert "IPVSPROXY" not in sets  # ... and then their sets
         assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode

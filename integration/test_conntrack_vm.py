@@ -15,11 +15,11 @@ import pytest
 
 from integration.lab import PORT, Lab, inside
 from integration.services import CONFIG, NODE_IP
-from ipvsproxy.companion.conntrack import forget_udp, udp_gone
+from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.netlink import sysctl as sysctls
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced
 
@@ -92,14 +92,14 @@ def test_run_sets_kube_proxys_conntrack_values_and_leaves_zeros_alone(clean, con
 
 # ---- issue 15 item 9: the flow a UDP client cached before the first endpoint goes with it
 #
-# Measured on the 6.1 test kernel (vs.conntrack=1, conntrack active as the companion rules
+# Measured on the 6.1 test kernel (vs.conntrack=1, conntrack active as the firewall rules
 # make it): a datagram to a virtual server with no destination is dropped by IPVS before
 # conntrack confirms an entry, so nothing is cached. A datagram to a VIP port with no virtual
 # server yet (the port is new to the Service, or the Service's first sync is still to come)
 # is refused by the local stack, and its entry IS confirmed: UNREPLIED, the VIP itself as reply
 # source. IPVS, which NATs by its own table, then answers the client anyway, but conntrack
 # keeps the stale tuple for the flow's life, so every iptables NAT decision tied to it (the
-# companion's masquerade, kube-proxy's NodePort SNAT) stays the one made for "no endpoint".
+# firewall's masquerade, kube-proxy's NodePort SNAT) stays the one made for "no endpoint".
 
 CT_RULE = ["INPUT", "-m", "conntrack", "--ctstate", "NEW",
            "-m", "comment", "--comment", "ipvsproxy-test: conntrack on"]  # fmt: skip
@@ -129,11 +129,11 @@ def dns(*, udp_endpoint: str = "") -> list[dict[str, Any]]:
 
 
 def sync_and_forget(kernel: NetlinkKernel, objects: list[dict[str, Any]]) -> int:
-    """One full pass of the pipeline, then the UDP conntrack deletions it makes with its
+    """One full pass of the proxier, then the UDP conntrack deletions it makes with its
     firewall rules (left out here: their VIP port filter would reject the datagram this
     case is about), planned from the table as it was before the pass."""
     before = kernel.observe()
-    result = Synced(Pipeline(kernel=kernel, config=CONFIG)).sync(objects)
+    result = Synced(Proxier(kernel=kernel, config=CONFIG)).sync(objects)
     assert result.sync.report.failures == ()
     return forget_udp(Commands(), udp_gone(result.sync.plan, set(), before=before))
 

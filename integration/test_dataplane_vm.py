@@ -1,5 +1,5 @@
 """Dataplane parity in the real kernel (issue 15 items 2 and 5), with real traffic, through the
-real console script (`run --once --manifests`) with its companion rules:
+real console script (`run --once --manifests`) with its firewall rules:
 
 - an externalIP that is one of the node's own addresses is served, but not bound to the dummy
   device and not fenced: the node's other ports (SSH, the kubelet) stay reachable on it;

@@ -1,5 +1,5 @@
-"""Issue 15 items 1 and 3 under real IPVS: the companion's rules in the two-node lab of
-test_companion.py (nodes are namespaces on one bridge, pods behind them), with kube-proxy's
+"""Issue 15 items 1 and 3 under real IPVS: the firewall's rules in the two-node lab of
+test_firewall.py (nodes are namespaces on one bridge, pods behind them), with kube-proxy's
 default settings: no --cluster-cidr, no --masquerade-all.
 
 - node -> ClusterIP whose only endpoint is on the other node: the VIP is on node 1's dummy
@@ -23,7 +23,7 @@ import pytest
 
 from integration.conftest import clean_ipvs
 from integration.lab import inside, request, sh
-from integration.test_companion import LAN, Node, cluster_ip, endpoints, objects
+from integration.test_firewall_vm import LAN, Node, cluster_ip, endpoints, objects
 from ipvsproxy.config import Config
 from tests.factories import ep, port, service, slice_
 

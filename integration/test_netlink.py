@@ -14,7 +14,6 @@ from integration.conftest import kernel_missing_schedulers
 from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.errors import Unsupported
-from ipvsproxy.ipvsadm import parse_save
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -28,6 +27,7 @@ from ipvsproxy.model import (
 from ipvsproxy.netlink import NetlinkKernel, probe
 from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.netlink.genl import GenlSocket
+from ipvsproxy.saved_table import parse_save
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan

@@ -1,5 +1,5 @@
-"""Inside the IPVS VM: a node without a tool of the companion rules refuses to start, naming
-it, before it touches anything; `--allow-no-companion-rules` runs without them, saying what
+"""Inside the IPVS VM: a node without a tool of the firewall rules refuses to start, naming
+it, before it touches anything; `--allow-no-firewall-rules` runs without them, saying what
 that loses. The tool is made unavailable the way an operator's image would lack it: the
 agent runs with a PATH that has every program of the VM but that one."""
 
@@ -55,12 +55,12 @@ def ipvs_table() -> str:
 
 
 @pytest.mark.parametrize("tool", ["iptables-restore", "iptables-save"])
-def test_a_missing_companion_tool_refuses_the_start_naming_it(clean, tmp_path, tool):
+def test_a_missing_firewall_tool_refuses_the_start_naming_it(clean, tmp_path, tool):
     before = ipvs_table()
     done = run(tmp_path, path_without(tmp_path, tool))
     assert done.returncode == 5, done.stdout + done.stderr
     assert f"{tool} not found on PATH" in done.stderr
-    assert "--allow-no-companion-rules" in done.stderr
+    assert "--allow-no-firewall-rules" in done.stderr
     assert "no VIP port filter, no loadBalancerSourceRanges, no masquerade" in done.stderr
     assert "Traceback" not in done.stderr
     # refused before anything on the node changed: no virtual server, no dummy device
@@ -68,14 +68,14 @@ def test_a_missing_companion_tool_refuses_the_start_naming_it(clean, tmp_path, t
     assert not Path("/sys/class/net/kube-ipvs0").exists()
 
 
-def test_the_explicit_flag_runs_without_the_companion_and_says_what_is_lost(clean, tmp_path):
-    done = run(tmp_path, path_without(tmp_path, "iptables-restore"), "--allow-no-companion-rules")
+def test_the_explicit_flag_runs_without_the_firewall_and_says_what_is_lost(clean, tmp_path):
+    done = run(tmp_path, path_without(tmp_path, "iptables-restore"), "--allow-no-firewall-rules")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "iptables-restore not found on PATH" in done.stderr
     assert "no VIP port filter, no loadBalancerSourceRanges, no masquerade" in done.stderr
     assert "0A600028:0050" in ipvs_table()  # 10.96.0.40:80, served by IPVS alone
     saved = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True)
-    assert "IPVSPROXY-" not in saved.stdout  # no companion rule was written
+    assert "IPVSPROXY-" not in saved.stdout  # no firewall rule was written
 
 
 def test_with_every_tool_the_same_run_starts(clean, tmp_path):
@@ -83,6 +83,6 @@ def test_with_every_tool_the_same_run_starts(clean, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0A600028:0050" in ipvs_table()
     saved = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True)
-    assert "IPVSPROXY-FILTER" in saved.stdout  # the companion rules are there
+    assert "IPVSPROXY-FILTER" in saved.stdout  # the firewall rules are there
     removed = subprocess.run([IPVSPROXY, "cleanup"], capture_output=True, text=True, check=False)
     assert removed.returncode == 0, removed.stderr

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ipvsproxy import api, backends, ipvsadm, manifests
+from ipvsproxy import api, backends, manifests, saved_table
 from ipvsproxy.backends import (
     BACKENDS,
     IPTABLES,
@@ -33,7 +33,7 @@ from ipvsproxy.backends import (
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
 from ipvsproxy.model import IPAddress, IpvsState
-from ipvsproxy.pipeline import PassPlan, PassResult, Pipeline
+from ipvsproxy.proxier import PassPlan, PassResult, Proxier
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
@@ -86,7 +86,7 @@ def changes_from(source: Source, config: Config) -> Changes:
     """One read of the source (for the API: one list of each kind), every Service in it."""
     tracker = Tracker(node_name=config.node_name)
     if isinstance(source, Manifests):
-        from ipvsproxy.static import ManifestSource
+        from ipvsproxy.manifest_source import ManifestSource
 
         ManifestSource(source.paths, sink=tracker, stop=threading.Event()).load(quiet=True)
         return tracker.take(everything=True)
@@ -105,7 +105,7 @@ def read_kernel_state(path: Path) -> IpvsState:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    return ipvsadm.parse_save(text)
+    return saved_table.parse_save(text)
 
 
 def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffResult:
@@ -117,19 +117,19 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     """
     changes = changes_from(source, config)
     if kernel_state is not None:
-        pipeline = _pipeline(config, None)
-        pipeline.feed(changes)
-        planned = pipeline.plan(full=True, observed=read_kernel_state(kernel_state))
+        proxier = _proxier(config, None)
+        proxier.feed(changes)
+        planned = proxier.plan(full=True, observed=read_kernel_state(kernel_state))
         notes: tuple[str, ...] = (
             f"addresses on {config.dummy_device} are not compared: {kernel_state} is a saved "
             "ipvsadm table, which does not record them",
             "connection counts are unknown: removed endpoints are shown deleted, not drained",
         )
-        return _diff_result(planned, pipeline, config, notes)
+        return _diff_result(planned, proxier, config, notes)
     with open_backend(config) as backend:
-        pipeline = _pipeline(config, backend, drain=True)
-        pipeline.refresh_host()
-        planned = pipeline.plan_from(changes, full=True)
+        proxier = _proxier(config, backend, drain=True)
+        proxier.refresh_host()
+        planned = proxier.plan_from(changes, full=True)
         notes = ()
         if backend.name == IPTABLES:
             notes = (
@@ -137,23 +137,23 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
                 "them as rules in ipvsproxy's nat chains (IPVSPX-*), and VIP addresses "
                 "as records in IPVSPX-SERVICES instead of on a dummy device",
             )
-        return _diff_result(planned, pipeline, config, notes)
+        return _diff_result(planned, proxier, config, notes)
 
 
 def _diff_result(
-    planned: PassPlan, pipeline: Pipeline, config: Config, notes: tuple[str, ...]
+    planned: PassPlan, proxier: Proxier, config: Config, notes: tuple[str, ...]
 ) -> DiffResult:
-    if planned.companion_error:
-        raise KernelError(f"companion rules: {planned.companion_error}")
+    if planned.firewall_error:
+        raise KernelError(f"firewall rules: {planned.firewall_error}")
     observed = planned.ipvs.observed
     lines = tuple(
         describe(op, planned.names, observed, config.dummy_device) for op in planned.ipvs.plan
     )
-    if planned.companion is not None:
+    if planned.firewall is not None:
         lines += tuple(
-            Line(sign, "companion", command, "") for sign, command in planned.companion.describe()
+            Line(sign, "firewall", command, "") for sign, command in planned.firewall.describe()
         )
-    return DiffResult(lines, pipeline.warnings, notes, planned.repairs)
+    return DiffResult(lines, proxier.warnings, notes, planned.repairs)
 
 
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
@@ -166,19 +166,19 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     with open_backend(config) as backend:
         prepare(backend, config)
         remove_leftovers(backend, config)
-        pipeline = _pipeline(config, backend)
-        pipeline.refresh_host()
-        planned = pipeline.plan_from(changes, full=True)
-        for warning in pipeline.warnings:
+        proxier = _proxier(config, backend)
+        proxier.refresh_host()
+        planned = proxier.plan_from(changes, full=True)
+        for warning in proxier.warnings:
             log.warning("%s", warning)
-        result = pipeline.apply(planned)
-    if result.companion_error:
-        log.error("companion rules: %s", result.companion_error)
+        result = proxier.apply(planned)
+    if result.firewall_error:
+        log.error("firewall rules: %s", result.firewall_error)
     log.info(
-        "sync done: %d operations, %d failed, %d companion changes",
+        "sync done: %d operations, %d failed, %d firewall changes",
         len(result.sync.plan),
         len(result.sync.report.failures),
-        result.companion_changes,
+        result.firewall_changes,
     )
     return result
 
@@ -190,7 +190,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     Raises KernelUnavailable (no IPVS) before touching anything, ConfigError for bad input
     or busy ports, WatchError when the API refuses us for good.
     """
-    from ipvsproxy.daemon import SyncPass
+    from ipvsproxy.agent_loop import AgentLoop
     from ipvsproxy.healthcheck import ServiceHealth
     from ipvsproxy.metrics import Metrics
     from ipvsproxy.netlink.links import NodeAddresses
@@ -221,8 +221,8 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         log.info("backend: %s (%s)", backend.name, backend.reason)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
-        sync_pass = SyncPass(
-            pipeline=_pipeline(config, backend, drain=True, node_addresses=host_addresses),
+        agent_loop = AgentLoop(
+            proxier=_proxier(config, backend, drain=True, node_addresses=host_addresses),
             tracker=tracker,
             metrics=metrics,
             health=health,
@@ -230,9 +230,9 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             node_required=isinstance(source, Cluster),
         )
         runner = Runner(
-            sync_pass, min_interval=config.min_sync_period, max_interval=config.sync_period
+            agent_loop, min_interval=config.min_sync_period, max_interval=config.sync_period
         )
-        sync_pass.runner = runner
+        agent_loop.runner = runner
 
         def halt(error: IpvsproxyError | None = None) -> None:
             if error is not None:
@@ -266,30 +266,30 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     log.info("stopped; %s rules left in place", backend.name)
 
 
-def _pipeline(
+def _proxier(
     config: Config,
     backend: backends.Backend | None,
     *,
     drain: bool = False,
     node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
-) -> Pipeline:
+) -> Proxier:
     """The one way the commands build their pass: on the backend's kernel, with its firewall
-    rules (the companion), draining removed endpoints (`drain`: the agent, and `diff`, which
+    rules (the firewall), draining removed endpoints (`drain`: the agent, and `diff`, which
     shows what it would drain), this host's addresses read over rtnetlink unless given.
     Without a backend: `diff` of a saved ipvsadm table, whose addresses are not compared."""
     if backend is None:
-        return Pipeline(kernel=FakeKernel(), config=config, manage_addresses=False)
-    return Pipeline(
+        return Proxier(kernel=FakeKernel(), config=config, manage_addresses=False)
+    return Proxier(
         kernel=backend.kernel,
         config=config,
-        companion=backend.companion,
+        firewall=backend.firewall,
         drainer=Drainer(timeout=config.drain_timeout) if drain else None,
         node_addresses=node_addresses or _node_addresses(config),
     )
 
 
 def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
-    """This host's own addresses, read over rtnetlink (netlink/links.py), for a pipeline
+    """This host's own addresses, read over rtnetlink (netlink/links.py), for a proxier
     that reads them once (diff, run --once)."""
     from ipvsproxy.netlink.links import node_addresses
 
@@ -342,7 +342,7 @@ def _start_sources(
         return thread
 
     if isinstance(source, Manifests):
-        from ipvsproxy.static import ManifestSource
+        from ipvsproxy.manifest_source import ManifestSource
 
         poller = ManifestSource(source.paths, sink=tracker, stop=stop)
         poller.load()  # unreadable at start: a ConfigError, exit 2

@@ -3,14 +3,14 @@
 Owns: `open_backend()` (`--backend ipvs|iptables|auto`: auto probes IPVS for real, with the
 configured scheduler, and falls back to iptables loudly: a WARNING that says why, the
 reason kept for /healthz and the metric, or, with `--no-fallback`, `FallbackRefused`; with
-IPVS, the companion rules opened and checked at once: without their tools the node refuses
-to start, `CompanionUnavailable`, unless `--allow-no-companion-rules` says to go on without
+IPVS, the firewall rules opened and checked at once: without their tools the node refuses
+to start, `FirewallUnavailable`, unless `--allow-no-firewall-rules` says to go on without
 them),
 `prepare()` (the node settings the backend needs), `remove_leftovers()` (when the backend
 changed between runs, the other one's objects go) and `cleanup()` (everything ipvsproxy
 owns in both backends, and nothing else).
 
-Imports: netlink, iptables, companion, sync, kernel, policy, model, config, errors.
+Imports: netlink, iptables, firewall, sync, kernel, policy, model, config, errors.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ipvsproxy.companion.kernel import Companion
-from ipvsproxy.companion.nlread import SetReader
-from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.nlread import SetReader
+from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
@@ -62,8 +62,8 @@ LOST_WITHOUT_COMPANION = (
 )
 
 
-class CompanionUnavailable(KernelUnavailable):
-    """IPVS is usable but the companion rules are not (a tool missing): refusing to start,
+class FirewallUnavailable(KernelUnavailable):
+    """IPVS is usable but the firewall rules are not (a tool missing): refusing to start,
     since IPVS alone fails open (no source ranges, no VIP port filter)."""
 
 
@@ -75,8 +75,8 @@ class Backend:
     name: str  # "ipvs" or "iptables"
     reason: str
     fallback: bool = False  # iptables because IPVS is not usable here
-    companion: Companion | None = None  # IPVS: its companion rules (None: none)
-    companion_missing: str = ""  # IPVS without them (--allow-no-companion-rules): why
+    firewall: Firewall | None = None  # IPVS: its firewall rules (None: none)
+    firewall_missing: str = ""  # IPVS without them (--allow-no-firewall-rules): why
 
     @property
     def detail(self) -> dict[str, object]:
@@ -84,15 +84,15 @@ class Backend:
         detail: dict[str, object] = {"backend": self.name, "backendReason": self.reason}
         if self.fallback:
             detail["fallback"] = True
-        if self.companion_missing:
-            detail["companionRules"] = f"disabled: {self.companion_missing}"
+        if self.firewall_missing:
+            detail["firewallRules"] = f"disabled: {self.firewall_missing}"
         return detail
 
 
 @contextmanager
 def open_backend(config: Config) -> Iterator[Backend]:
     """The backend `config.backend` asks for; KernelUnavailable (FallbackRefused) if none,
-    CompanionUnavailable for IPVS without the companion's tools. The companion, if any,
+    FirewallUnavailable for IPVS without the firewall's tools. The firewall, if any,
     is closed at the end."""
     if config.backend == IPTABLES:
         yield Backend(_iptables(config), IPTABLES, "--backend iptables")
@@ -125,23 +125,23 @@ def open_backend(config: Config) -> Iterator[Backend]:
 
 @contextmanager
 def _ipvs_backend(config: Config, reason: str) -> Iterator[Backend]:
-    """IPVS with its companion rules, both checked before anything on the node changes
-    (opening them changes nothing). A family the companion cannot protect (IPv6 without
+    """IPVS with its firewall rules, both checked before anything on the node changes
+    (opening them changes nothing). A family the firewall cannot protect (IPv6 without
     ip6tables) gets no virtual server or VIP at all: `FailClosed`."""
     with _ipvs(config) as ipvs:
-        companion, missing = _companion(config)
+        firewall, missing = _firewall(config)
         kernel: Kernel = ipvs
-        if companion is not None and companion.versions != (4, 6):
-            kernel = FailClosed(ipvs, companion.versions)
+        if firewall is not None and firewall.versions != (4, 6):
+            kernel = FailClosed(ipvs, firewall.versions)
         try:
-            yield Backend(kernel, IPVS, reason, companion=companion, companion_missing=missing)
+            yield Backend(kernel, IPVS, reason, firewall=firewall, firewall_missing=missing)
         finally:
-            if companion is not None:
-                companion.close()
+            if firewall is not None:
+                firewall.close()
 
 
 class FailClosed:
-    """The IPVS kernel, refusing to program the IP families the companion rules do not
+    """The IPVS kernel, refusing to program the IP families the firewall rules do not
     cover (IPv6 on a node without ip6tables): there a VIP would have no port filter and a
     LoadBalancer no loadBalancerSourceRanges. Adds, updates and binds of such a family fail
     as `Unsupported` (counted in `ipvsproxy_kernel_operations_total{result="error"}`, one
@@ -181,7 +181,7 @@ class FailClosed:
                     allowed.append(op)
                     continue
             why = (
-                f"{subject}: not programmed (fail closed): the companion rules cannot cover "
+                f"{subject}: not programmed (fail closed): the firewall rules cannot cover "
                 "this IP family here (no ip6tables), so it would have no VIP port filter "
                 "and no loadBalancerSourceRanges"
             )
@@ -273,9 +273,9 @@ def cleanup(config: Config, *, dry_run: bool) -> list[str]:
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
 
 
-def _companion(config: Config) -> tuple[Companion | None, str]:
-    """The companion rules, checked: (companion, "") when usable. Without a tool they need:
-    CompanionUnavailable naming it, or, with `config.allow_no_companion`, (None, why) and
+def _firewall(config: Config) -> tuple[Firewall | None, str]:
+    """The firewall rules, checked: (firewall, "") when usable. Without a tool they need:
+    FirewallUnavailable naming it, or, with `config.allow_no_firewall`, (None, why) and
     an ERROR saying what is lost."""
     try:  # the sets read over netlink: `ipset save` is slow where /etc is (see nlread.py)
         reader: SetReader | None = SetReader()
@@ -287,33 +287,33 @@ def _companion(config: Config) -> tuple[Companion | None, str]:
     except KernelError as exc:
         log.info("ipsets written with the ipset tool, not over netlink: %s", exc)
         writer = None
-    companion = Companion(reader=reader, writer=writer)
+    firewall = Firewall(reader=reader, writer=writer)
     try:
-        companion.check()
+        firewall.check()
     except KernelError as exc:
-        companion.close()
-        why = f"the companion iptables/ipset rules cannot be used: {exc}"
-        if not config.allow_no_companion:
-            raise CompanionUnavailable(
+        firewall.close()
+        why = f"the firewall iptables/ipset rules cannot be used: {exc}"
+        if not config.allow_no_firewall:
+            raise FirewallUnavailable(
                 f"{why}; IPVS without them would mean {LOST_WITHOUT_COMPANION}. Install "
-                "the missing tool, or pass --allow-no-companion-rules to run without them"
+                "the missing tool, or pass --allow-no-firewall-rules to run without them"
             ) from exc
         log.error(
-            "%s; running without them as --allow-no-companion-rules asks: %s",
+            "%s; running without them as --allow-no-firewall-rules asks: %s",
             why,
             LOST_WITHOUT_COMPANION,
         )
         return None, str(exc)
-    return companion, ""
+    return firewall, ""
 
 
-def _companion_cleanup(*, dry_run: bool) -> list[str]:
-    companion = Companion()
+def _firewall_cleanup(*, dry_run: bool) -> list[str]:
+    firewall = Firewall()
     try:
-        companion.check()
-        return companion.cleanup(dry_run=dry_run)
+        firewall.check()
+        return firewall.cleanup(dry_run=dry_run)
     except KernelError as exc:
-        log.debug("no companion rules to clean up: %s", exc)
+        log.debug("no firewall rules to clean up: %s", exc)
         return []
 
 
@@ -326,7 +326,7 @@ def _ipvs(config: Config) -> NetlinkKernel:
 def _iptables(config: Config) -> IptablesKernel:
     """The fallback, masquerading as the node's policy says. Each virtual server's access
     (loadBalancerSourceRanges, traffic policy) comes from the desired state: whoever runs
-    the sync gives it `use_access()` (the pipeline's `DesiredIndex.access_of`)."""
+    the sync gives it `use_access()` (the proxier's `DesiredIndex.access_of`)."""
     if config.detect_local_mode == LocalMode.NODE_CIDR:
         log.warning(
             "--detect-local-mode NodeCIDR: the iptables fallback does not know this Node's "
@@ -348,9 +348,9 @@ def _iptables_cleanup(*, dry_run: bool) -> list[str]:
 
 
 def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
-    """ipvsproxy's companion rules and sets (first: they match IPVS VIPs), then its IPVS
+    """ipvsproxy's firewall rules and sets (first: they match IPVS VIPs), then its IPVS
     table and dummy device (`ipvs_cleanup`)."""
-    return _companion_cleanup(dry_run=dry_run) + ipvs_cleanup(config, dry_run=dry_run)
+    return _firewall_cleanup(dry_run=dry_run) + ipvs_cleanup(config, dry_run=dry_run)
 
 
 def ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:

@@ -4,7 +4,7 @@ Exit codes are API: `diff` exits 0 in sync, 1 with changes pending, 2 on any err
 one-line message, never a traceback). `run` exits 0 when every operation was applied, 1 when
 some failed, 2 on bad input, 3 when it cannot start (no usable kernel backend), 4 when IPVS
 is not usable and `--no-fallback` forbids the iptables fallback, 5 when IPVS is usable but
-a tool of its companion rules is missing (and `--allow-no-companion-rules` was not given).
+a tool of its firewall rules is missing (and `--allow-no-firewall-rules` was not given).
 
 Imports: click (only here), config, agent, errors.
 """
@@ -24,7 +24,7 @@ import click
 from click.core import ParameterSource
 
 from ipvsproxy import __version__, agent, kpconfig
-from ipvsproxy.backends import CompanionUnavailable
+from ipvsproxy.backends import FirewallUnavailable
 from ipvsproxy.config import (
     Config,
     parse_cidrs,
@@ -179,9 +179,9 @@ def node_options(func: F) -> F:
             help="With --backend auto: exit (status 4) instead of falling back to iptables.",
         ),
         click.option(
-            "--allow-no-companion-rules",
+            "--allow-no-firewall-rules",
             is_flag=True,
-            help="With IPVS: start even when a tool of the companion rules (iptables-save, "
+            help="With IPVS: start even when a tool of the firewall rules (iptables-save, "
             "iptables-restore, ipset) is missing, which is otherwise refused (exit 5). "
             "Then there is no VIP port filter, no loadBalancerSourceRanges, no masquerade.",
         ),
@@ -211,7 +211,7 @@ def make_config(opts: dict[str, Any]) -> Config:
         dummy_device=parse_interface_name(opts["dummy_device"], option="--dummy-device"),
         backend=opts["backend"],
         fallback=not opts["no_fallback"],
-        allow_no_companion=opts["allow_no_companion_rules"],
+        allow_no_firewall=opts["allow_no_firewall_rules"],
         cluster_cidrs=cluster_cidrs,
         masquerade_all=opts["masquerade_all"],
         masquerade_bit=opts["masquerade_bit"],
@@ -316,7 +316,7 @@ def errors_to_exit(func: F) -> F:
         except FallbackRefused as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_NO_FALLBACK)
-        except CompanionUnavailable as exc:
+        except FirewallUnavailable as exc:
             click.echo(f"ipvsproxy: error: {exc}", err=True)
             sys.exit(EXIT_NO_COMPANION if func.__name__ == "run" else EXIT_ERROR)
         except KernelUnavailable as exc:
@@ -562,7 +562,7 @@ def run(once: bool, **opts: Any) -> None:
     reads --manifests and re-reads them when they change. Stops on SIGTERM/SIGINT, leaving
     the rules in place. Exit status: 0 stopped (or, with --once, all applied), 1 some
     operations failed (--once), 2 bad input or the API refused us, 3 no usable backend,
-    4 no IPVS and --no-fallback, 5 IPVS without a tool its companion rules need.
+    4 no IPVS and --no-fallback, 5 IPVS without a tool its firewall rules need.
     """
     from_config_file(opts)
     source = make_source(opts)
@@ -575,16 +575,12 @@ def run(once: bool, **opts: Any) -> None:
         click.echo(
             f"applied {result.report.applied} of {len(result.plan)} operations"
             + (f", {len(result.report.failures)} failed" if result.report.failures else "")
-            + (
-                f"; {outcome.companion_changes} companion changes"
-                if outcome.companion_changes
-                else ""
-            )
+            + (f"; {outcome.firewall_changes} firewall changes" if outcome.firewall_changes else "")
         )
         for failure in result.report.failures:
             click.echo(f"failed: {failure.error}", err=True)
-        if outcome.companion_error:
-            click.echo(f"failed: companion rules: {outcome.companion_error}", err=True)
+        if outcome.firewall_error:
+            click.echo(f"failed: firewall rules: {outcome.firewall_error}", err=True)
         sys.exit(0 if outcome.ok else EXIT_FAILED_OPS)
     agent.run(config, source=source)
 

@@ -41,9 +41,9 @@ class Config:
     detect_local_mode: str = ""  # ClusterCIDR | NodeCIDR | InterfaceNamePrefix | BridgeInterface
     local_interface: str = ""  # the prefix or bridge of the interface modes
     fallback: bool = True  # auto may fall back to iptables (--no-fallback: it may not)
-    # IPVS may run without the companion rules' tools (--allow-no-companion-rules): no VIP
+    # IPVS may run without the firewall rules' tools (--allow-no-firewall-rules): no VIP
     # port filter, no loadBalancerSourceRanges, no masquerade. Default: refuse to start.
-    allow_no_companion: bool = False
+    allow_no_firewall: bool = False
     strict_arp: bool = False
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
     tcp_fin_timeout: int = 0

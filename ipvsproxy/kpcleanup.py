@@ -14,7 +14,7 @@ Without `ipvs` the IPVS table and kube-ipvs0 stay: ipvsproxy, started next with 
 dummy device, takes their virtual servers over in place (it owns them by the same rule),
 so a migration from kube-proxy drops no connection. `dry_run` lists, changes nothing.
 
-Imports: iptables, companion, backends, config, errors, the standard library.
+Imports: iptables, firewall, backends, config, errors, the standard library.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import re
 import shutil
 
 from ipvsproxy import backends
-from ipvsproxy.companion.ipset import destroy_commands, render_script
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.ipset import destroy_commands, render_script
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal

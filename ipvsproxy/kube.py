@@ -39,10 +39,11 @@ from typing import Any
 import tenacity
 import urllib3
 
+from ipvsproxy.api import Read, read
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import WatchError
 from ipvsproxy.kubeclient import ApiException, client, iter_resp_lines
-from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Parsed, parse
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class Watcher:
 
     def list_all(self) -> str:
         """List every object (page by page) into the sink; the list's resourceVersion."""
-        items: list[Parsed] = []
+        items: list[Read] = []
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"limit": PAGE}
@@ -194,7 +195,7 @@ class Watcher:
             except ValueError as exc:
                 raise Transient(f"list {self.kind}: unreadable response: {exc}") from exc
             # parsed page by page: a large list never holds every raw object at once
-            items += [parse(self.kind, item) for item in body.get("items") or []]
+            items += [read(self.kind, item) for item in body.get("items") or []]
             meta = body.get("metadata") or {}
             token = meta.get("continue")
             if not token:

@@ -205,7 +205,7 @@ class Metrics:
 
     def restore_failed(self, version: int = 4) -> None:
         """One failed `iptables-restore` (`ip6tables-restore`: version 6) run, the
-        companion's or the fallback's, however many rules it carried (kube-proxy's
+        firewall's or the fallback's, however many rules it carried (kube-proxy's
         IPTablesRestoreFailuresTotal)."""
         self.restore_failures.labels(FAMILIES.get(version, "IPv4")).inc()
 
@@ -233,8 +233,8 @@ class Metrics:
         full: bool = True,
         restored: bool = True,
     ) -> None:
-        """Record one completed sync pass (its whole duration, companion rules included).
-        `restored=False`: its companion rules (or the fallback's) were not written; as
+        """Record one completed sync pass (its whole duration, firewall rules included).
+        `restored=False`: its firewall rules (or the fallback's) were not written; as
         kube-proxy's syncProxyRules returning after a failed iptables-restore, the pass
         then sets no last-sync time and observes no programming latency."""
         self._observe(seconds, full=full)

@@ -5,7 +5,7 @@ Owns: `NodePolicy` (the node settings: --masquerade-bit, --masquerade-all, --clu
 which frontend it is, whether its traffic is masqueraded, its loadBalancerSourceRanges,
 whether its VIP rejects other ports) and `frontend_policy()`, the one place that decides them
 from a virtual server's access (sync.desired's `Access`, read through `AccessLike`). The IPVS
-companion (companion/sets.py, companion/rules.py) and the iptables fallback
+firewall (firewall/sets.py, firewall/rules.py) and the iptables fallback
 (iptables/rules.py) both render from these, so the two backends cannot disagree on who is
 masqueraded or who may reach a LoadBalancer. kube-proxy's iptables mode is the reference:
 

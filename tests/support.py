@@ -1,6 +1,6 @@
 """Helpers shared by the unit and real-kernel tests.
 
-`Synced` drives the product's own pass (pipeline.Pipeline, as `diff`, `run --once` and the
+`Synced` drives the product's own pass (proxier.Proxier, as `diff`, `run --once` and the
 agent do) from lists of raw objects, the way the agent's watchers feed it: through a Tracker.
 """
 
@@ -10,20 +10,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipvsproxy.pipeline import PassResult, Pipeline
+from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
 
 @dataclass
 class Synced:
-    """A pipeline fed from lists of raw objects: each `sync()` hands over the whole list (what
+    """A proxier fed from lists of raw objects: each `sync()` hands over the whole list (what
     is missing from it is gone) and runs one pass."""
 
-    pipeline: Pipeline
+    proxier: Proxier
     tracker: Tracker = field(init=False)
 
     def __post_init__(self) -> None:
-        self.tracker = Tracker(node_name=self.pipeline.config.node_name)
+        self.tracker = Tracker(node_name=self.proxier.config.node_name)
 
     def feed(self, objects: Sequence[Mapping[str, Any]]) -> None:
         for kind in (SERVICE, SLICE, NODE):
@@ -31,4 +31,4 @@ class Synced:
 
     def sync(self, objects: Sequence[Mapping[str, Any]], *, full: bool = True) -> PassResult:
         self.feed(objects)
-        return self.pipeline.sync(self.tracker.take(), full=full)
+        return self.proxier.sync(self.tracker.take(), full=full)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.cli import main
 from ipvsproxy.config import Config
-from ipvsproxy.ipvsadm import render_save
+from ipvsproxy.saved_table import render_save
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples"
@@ -189,8 +189,8 @@ def test_run_once_exit_codes(monkeypatch):
     from ipvsproxy.errors import KernelUnavailable, NotFound
     from ipvsproxy.kernel import ApplyReport, Failure
     from ipvsproxy.model import EMPTY, UnbindAddress
-    from ipvsproxy.pipeline import PassResult
-    from ipvsproxy.sync.engine import SyncResult
+    from ipvsproxy.proxier import PassResult
+    from ipvsproxy.sync.ipvs_pass import IpvsResult
 
     def unavailable(config, *, manifest_paths):
         raise KernelUnavailable("the kernel has no IPVS")
@@ -202,14 +202,14 @@ def test_run_once_exit_codes(monkeypatch):
 
     op = UnbindAddress(ip_address("10.96.0.1"))
     failed = PassResult(
-        True, SyncResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
+        True, IpvsResult((op,), ApplyReport(0, (Failure(op, NotFound("gone")),)), EMPTY)
     )
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: failed)
     result = run("run", "--once", "--manifests", str(EXAMPLE))
     assert result.exit_code == 1
     assert "failed: gone" in result.stderr
 
-    done = PassResult(True, SyncResult((op,), ApplyReport(1), EMPTY))
+    done = PassResult(True, IpvsResult((op,), ApplyReport(1), EMPTY))
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: done)
     result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
     assert result.exit_code == 0
@@ -262,13 +262,13 @@ def test_valid_interface_names_pass(name, prefix):
     assert parse_interface_name(name, option="--x", prefix=prefix) == name
 
 
-def test_run_refuses_to_start_without_the_companion_tools_exit_5(monkeypatch, tmp_path):
-    """`run` exits 5, naming the tool, when IPVS is usable but its companion rules are not."""
+def test_run_refuses_to_start_without_the_firewall_tools_exit_5(monkeypatch, tmp_path):
+    """`run` exits 5, naming the tool, when IPVS is usable but its firewall rules are not."""
     from ipvsproxy import agent
-    from ipvsproxy.backends import CompanionUnavailable
+    from ipvsproxy.backends import FirewallUnavailable
 
     def refused(*args: Any, **kwargs: Any) -> None:
-        raise CompanionUnavailable("iptables-restore not found on PATH")
+        raise FirewallUnavailable("iptables-restore not found on PATH")
 
     monkeypatch.setattr(agent, "run_once", refused)
     monkeypatch.setattr(agent, "run", refused)
@@ -279,16 +279,16 @@ def test_run_refuses_to_start_without_the_companion_tools_exit_5(monkeypatch, tm
         assert "Traceback" not in result.output
 
 
-def test_the_companion_flag_is_passed_and_its_help_says_what_is_lost(monkeypatch):
+def test_the_firewall_flag_is_passed_and_its_help_says_what_is_lost(monkeypatch):
     from ipvsproxy import agent
 
     seen: list[Config] = []
     monkeypatch.setattr(agent, "run", lambda config, source: seen.append(config))
     assert run("run", "--manifests", str(EXAMPLE)).exit_code == 0
-    assert run("run", "--manifests", str(EXAMPLE), "--allow-no-companion-rules").exit_code == 0
-    assert [config.allow_no_companion for config in seen] == [False, True]
+    assert run("run", "--manifests", str(EXAMPLE), "--allow-no-firewall-rules").exit_code == 0
+    assert [config.allow_no_firewall for config in seen] == [False, True]
     text = " ".join(run("run", "--help").output.split())
-    assert "--allow-no-companion-rules" in text
+    assert "--allow-no-firewall-rules" in text
     assert "no VIP port filter, no loadBalancerSourceRanges, no masquerade" in text
 
 

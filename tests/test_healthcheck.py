@@ -17,12 +17,12 @@ from ipvsproxy.api import read
 from ipvsproxy.config import Config
 from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
-from tests.test_daemon import sample
+from tests.test_agent_loop import sample
 
 LOCAL = ["127.0.0.1"]
 
@@ -122,7 +122,7 @@ def test_every_address_when_unrestricted(checks):
     assert get(free)[0] == 200  # "::" is dual-stack: 127.0.0.1 reaches it
 
 
-# ---- what the pipeline hands over ---------------------------------------------------------
+# ---- what the proxier hands over ---------------------------------------------------------
 
 
 def lb(
@@ -134,13 +134,13 @@ def lb(
     return service(name, type="LoadBalancer", ports=ports or [port(node_port=30080)], **spec)
 
 
-def fed(*objects: Any) -> Pipeline:
+def fed(*objects: Any) -> Proxier:
     tracker = Tracker(node_name="node-a")
     for kind in (SERVICE, SLICE):
         tracker.replace(kind, [o for o in objects if o["kind"] == kind])
-    pipeline = Pipeline(kernel=FakeKernel(), config=Config(node_name="node-a"))
-    pipeline.feed(tracker.take())
-    return pipeline
+    proxier = Proxier(kernel=FakeKernel(), config=Config(node_name="node-a"))
+    proxier.feed(tracker.take())
+    return proxier
 
 
 def test_health_checks_count_local_ready_endpoints_per_port():
@@ -151,13 +151,13 @@ def test_health_checks_count_local_ready_endpoints_per_port():
         ep("10.244.0.4", ready=False),
     ]
     two = [port("http", 80, node_port=30080), port("https", 443, node_port=30443)]
-    pipeline = fed(
+    proxier = fed(
         lb(ports=two),
         slice_(ports=(("http", 8080, "TCP"), ("https", 8443, "TCP")), endpoints=eps),
         lb("cluster", policy="Cluster"),
         lb("unset", hc=None),
     )
-    assert pipeline.health_checks == {"default/web": (32001, 2)}  # 1 endpoint x 2 ports
+    assert proxier.health_checks == {"default/web": (32001, 2)}  # 1 endpoint x 2 ports
 
 
 def test_an_endpoint_listed_twice_counts_once_in_one_slice_or_two():
@@ -181,18 +181,18 @@ def test_a_service_gone_or_changed_leaves_the_health_checks():
     tracker = Tracker(node_name="node-a")
     tracker.replace(SERVICE, [lb()])
     tracker.replace(SLICE, [slice_(endpoints=[ep("10.244.0.1")])])
-    pipeline = Pipeline(kernel=FakeKernel(), config=Config(node_name="node-a"))
-    pipeline.feed(tracker.take())
-    assert pipeline.health_checks == {"default/web": (32001, 1)}
+    proxier = Proxier(kernel=FakeKernel(), config=Config(node_name="node-a"))
+    proxier.feed(tracker.take())
+    assert proxier.health_checks == {"default/web": (32001, 1)}
     tracker.event(SERVICE, "MODIFIED", lb(policy="Cluster"))
-    pipeline.feed(tracker.take())
-    assert pipeline.health_checks == {}
+    proxier.feed(tracker.take())
+    assert proxier.health_checks == {}
     tracker.event(SERVICE, "MODIFIED", lb(hc=32002))
-    pipeline.feed(tracker.take())
-    assert pipeline.health_checks == {"default/web": (32002, 1)}
+    proxier.feed(tracker.take())
+    assert proxier.health_checks == {"default/web": (32002, 1)}
     tracker.event(SERVICE, "DELETED", lb(hc=32002))
-    pipeline.feed(tracker.take())
-    assert pipeline.health_checks == {}
+    proxier.feed(tracker.take())
+    assert proxier.health_checks == {}
 
 
 def test_health_check_node_port_is_parsed_where_kube_proxy_serves_it():

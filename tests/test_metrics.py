@@ -1,6 +1,6 @@
 """Metrics as kube-proxy v1.36 exports them (pkg/proxy/metrics/metrics.go): names, types,
 labels, help texts and buckets, the pending gauges read from the tracker, and a sync
-duration that covers the whole pass, companion rules included."""
+duration that covers the whole pass, firewall rules included."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.agent_loop import AgentLoop
 from ipvsproxy.config import Config
-from ipvsproxy.daemon import SyncPass
+from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.companion.test_scale import FakeHost
 from tests.factories import ep, node, service, slice_
+from tests.firewall.test_scale import FakeHost
 
 
 def linear(start: float, width: float, count: int) -> list[float]:
@@ -239,7 +239,7 @@ def test_pending_counts_services_by_name_and_slice_changes_one_by_one():
 
 
 class SlowHost(FakeHost):
-    """The companion's tools, each run taking `seconds` on the pass's clock (the 73.7 s
+    """The firewall's tools, each run taking `seconds` on the pass's clock (the 73.7 s
     iptables-restore of issue 16 item 5)."""
 
     def __init__(self, clock: list[float], seconds: float) -> None:
@@ -251,18 +251,18 @@ class SlowHost(FakeHost):
         return super().run(args, stdin=stdin)
 
 
-def test_the_sync_duration_covers_the_companion_rules():
+def test_the_sync_duration_covers_the_firewall_rules():
     """kube-proxy observes sync_proxy_rules_duration_seconds over the whole syncProxyRules,
-    iptables-restore included: a pass whose companion tools take 70 s is a 70 s sync."""
+    iptables-restore included: a pass whose firewall tools take 70 s is a 70 s sync."""
     now = [1000.0]
     host = SlowHost(now, seconds=7.0)
     tracker = Tracker(node_name="node-a")
     metrics = Metrics()
-    sync = SyncPass(
-        pipeline=Pipeline(
+    sync = AgentLoop(
+        proxier=Proxier(
             kernel=FakeKernel(),
             config=Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0),
-            companion=Companion(commands=host, versions=(4,)),  # type: ignore[arg-type]
+            firewall=Firewall(commands=host, versions=(4,)),  # type: ignore[arg-type]
             clock=lambda: now[0],
         ),
         tracker=tracker,
@@ -314,7 +314,7 @@ def test_a_pass_whose_rules_were_not_restored_sets_no_sync_time_and_no_latency()
 
 def test_a_pass_that_did_not_complete_is_still_timed():
     metrics = Metrics()
-    metrics.sync_error()  # as daemon.py calls it today: counted only
+    metrics.sync_error()  # as agent_loop.py calls it today: counted only
     metrics.sync_error(seconds=3.0, full=False)
     name = "kubeproxy_sync_proxy_rules_duration_seconds"
     assert sample(metrics, name + "_count", ip_family="IPv4") == 1

@@ -4,7 +4,7 @@ whose Local traffic policy found no endpoint on this node, by policy and IP fami
 from __future__ import annotations
 
 from tests.factories import ep, port, service, slice_
-from tests.test_daemon import Agent, sample
+from tests.test_agent_loop import Agent, sample
 
 NAME = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
 

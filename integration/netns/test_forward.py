@@ -27,8 +27,8 @@ from ipvsproxy.iptables.kernel import restore_argv
 from ipvsproxy.iptables.parse import parse_save
 from ipvsproxy.iptables.rules import FILTER_JUMPS, FORWARD, filter_ruleset
 from ipvsproxy.iptables.transaction import removal, transaction
-from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.policy import node_policy
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.factories import ep, node, port, service, slice_
 
@@ -94,17 +94,17 @@ def objects(lab: Lab) -> list[dict[str, Any]]:
 
 
 def sync(config: Config, objs: list[dict[str, Any]]) -> IptablesKernel:
-    """One full pass of the agent's pipeline on the fallback inside the node namespace."""
+    """One full pass of the agent's proxier on the fallback inside the node namespace."""
     kernel = IptablesKernel(
         commands=Commands(prefix=("ip", "netns", "exec", NODE_NS)), node=node_policy(config)
     )
     kernel.check()
-    pipeline = Pipeline(kernel=kernel, config=config)
-    kernel.use_access(pipeline.index.access_of)
+    proxier = Proxier(kernel=kernel, config=config)
+    kernel.use_access(proxier.index.access_of)
     tracker = Tracker(node_name=config.node_name)
     for kind in (SERVICE, SLICE, NODE):
         tracker.replace(kind, [o for o in objs if o["kind"] == kind])
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     assert result.ok, result.sync.report.failures
     return kernel
 

@@ -1,6 +1,6 @@
 """nf_tables' generation against this host's kernel, in a throw-away network namespace: a
 save does not move it, any rule change does (another family's and another table's too), and
-the companion's chains are re-read, and their drift planned for repair, after a rule was
+the firewall's chains are re-read, and their drift planned for repair, after a rule was
 added behind its back (the tools here are iptables-nft)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import subprocess
 import pytest
 
 from integration.lab import inside
-from ipvsproxy.companion.kernel import Companion, Observed, plan_companion
-from ipvsproxy.companion.rules import Options
-from ipvsproxy.companion.sets import wanted
+from ipvsproxy.firewall.kernel import Firewall, Observed, plan_firewall
+from ipvsproxy.firewall.rules import Options
+from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.model import IpvsState
@@ -63,32 +63,32 @@ def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(netns: str) -
         pytest.skip("the iptables tools here are not the nf_tables variant")
     commands = Counting()
     with inside(netns):
-        companion = Companion(commands=commands, generation=RulesetGeneration.open())
-        companion.check()
+        firewall = Firewall(commands=commands, generation=RulesetGeneration.open())
+        firewall.check()
         try:
             options, sets = Options(), wanted(IpvsState(), {})
-            companion.apply(companion.plan(sets))
-            seen = companion.observe()
-            assert not plan_companion(sets, seen, options, companion.versions)
+            firewall.apply(firewall.plan(sets))
+            seen = firewall.observe()
+            assert not plan_firewall(sets, seen, options, firewall.versions)
             saves = len(commands.saves)  # type: ignore[attr-defined]
             for _ in range(3):
-                assert companion.observe_chains() == seen.chains
+                assert firewall.observe_chains() == seen.chains
             assert len(commands.saves) == saves  # type: ignore[attr-defined]
             chain = next(c for (v, t), s in seen.chains.items() if v == 4 for c in s.chains)
             table = next(t for (v, t), s in seen.chains.items() if v == 4 and chain in s.chains)
             in_ns(netns, "iptables", "-t", table, "-A", chain, "-j", "RETURN")
-            drifted = Observed(seen.sets, companion.observe_chains())
+            drifted = Observed(seen.sets, firewall.observe_chains())
             assert len(commands.saves) > saves  # type: ignore[attr-defined]
-            repair = plan_companion(sets, drifted, options, companion.versions)
+            repair = plan_firewall(sets, drifted, options, firewall.versions)
             assert any(t == table for _, t, _ in repair.restores)
         finally:
-            companion.close()
+            firewall.close()
 
 
 def test_sets_are_decoded_again_only_when_their_dump_changed(
     netns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ipvsproxy.companion import nlread
+    from ipvsproxy.firewall import nlread
 
     decoded: list[bytes] = []
     real = nlread.decode_entry

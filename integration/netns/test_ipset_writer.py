@@ -1,6 +1,6 @@
 """SetWriter against this host's kernel, in throw-away network namespaces: every command for
 each set type and family leaves what `ipset restore -exist` leaves (`ipset save`, minus the
-random initval), at 10,000 entries too, and the companion's full and partial paths through
+random initval), at 10,000 entries too, and the firewall's full and partial paths through
 the writer leave the same sets as through the tool."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from ipaddress import ip_address
 import pytest
 
 from integration.lab import inside
-from ipvsproxy.companion.index import SetIndex
-from ipvsproxy.companion.ipset import SetChange, SetCommand, ipset_script, set_commands
-from ipvsproxy.companion.kernel import Companion, plan_companion
-from ipvsproxy.companion.nlwrite import SetWriter
-from ipvsproxy.companion.rules import Options
-from ipvsproxy.companion.sets import wanted
 from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.ipset import SetChange, SetCommand, ipset_script, set_commands
+from ipvsproxy.firewall.kernel import Firewall, plan_firewall
+from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.firewall.rules import Options
+from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
 
@@ -166,31 +166,31 @@ def state(services: int, endpoints: int) -> IpvsState:
     return state_of(found, bound=frozenset(vs.key.address for vs in found))
 
 
-def test_the_companions_full_and_partial_paths_leave_the_tools_sets(pair):
+def test_the_firewalls_full_and_partial_paths_leave_the_tools_sets(pair):
     mine, theirs = pair
     writer = writer_in(mine)
-    companions = [
-        Companion(commands=Commands(prefix=("ip", "netns", "exec", ns)), versions=(4,), writer=w)
+    firewalls = [
+        Firewall(commands=Commands(prefix=("ip", "netns", "exec", ns)), versions=(4,), writer=w)
         for ns, w in ((mine, writer), (theirs, None))
     ]
     everyone = state(100, 3)
     local = frozenset(rs.address for dests in everyone.dests.values() for rs in dests)
     want = wanted(everyone, {}, local=local)
-    for companion in companions:  # the full path: observe, plan, apply
-        companion.apply(plan_companion(want, companion.observe(), Options(), (4,)))
+    for firewall in firewalls:  # the full path: observe, plan, apply
+        firewall.apply(plan_firewall(want, firewall.observe(), Options(), (4,)))
     assert save(mine) == save(theirs)
     assert (
         len(save(mine)) == 8 + 3 * 100 + 300
     )  # 8 creates; CLUSTER-IP, SERVICE-PORTS, VIPS; LOOP-BACK
     fewer = state(40, 2)  # the partial path: a SetIndex's changes, swapped and in place
-    for companion in companions:
+    for firewall in firewalls:
         index = SetIndex(versions=(4,))
-        index.seed(companion.observe_sets())
+        index.seed(firewall.observe_sets())
         index.reset(fewer, {}, local=local)
-        assert companion.write_sets(index.take()) > 0
+        assert firewall.write_sets(index.take()) > 0
     assert save(mine) == save(theirs)
-    for companion in companions:  # and a full sync after it: nothing to do
-        assert not plan_companion(
-            wanted(fewer, {}, local=local), companion.observe(), Options(), (4,)
+    for firewall in firewalls:  # and a full sync after it: nothing to do
+        assert not plan_firewall(
+            wanted(fewer, {}, local=local), firewall.observe(), Options(), (4,)
         ).sets
     writer.close()

@@ -29,7 +29,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.plan import plan
@@ -68,8 +68,8 @@ class TestIptablesKernel(KernelContract):
 
 
 def example_sync(kernel: IptablesKernel, config: Config) -> tuple[int, int]:
-    """One full pass of a new pipeline (a restarted agent) over the bundled example."""
-    result = Synced(Pipeline(kernel=kernel, config=config)).sync(manifests.load([EXAMPLES]))
+    """One full pass of a new proxier (a restarted agent) over the bundled example."""
+    result = Synced(Proxier(kernel=kernel, config=config)).sync(manifests.load([EXAMPLES]))
     return len(result.sync.plan), len(result.sync.report.failures)
 
 
@@ -191,7 +191,7 @@ def test_hostile_service_objects_through_the_whole_path(netns):
                        endpoints=[ep("10.244.9.9")])  # fmt: skip
     objects = [node(), svc, slice_obj]
     kernel = make_kernel(netns)
-    result = Synced(Pipeline(kernel=kernel, config=CONFIG)).sync(objects).sync
+    result = Synced(Proxier(kernel=kernel, config=CONFIG)).sync(objects).sync
     assert result.report.failures == ()
     assert len(result.plan) >= 3
     text = save(netns)
@@ -200,7 +200,7 @@ def test_hostile_service_objects_through_the_whole_path(netns):
     outside_comments = [re.sub(r'"[^"]*"', "", line) for line in rules]
     assert not any(w in line for line in outside_comments for w in ("INPUT", "DROP", "ACCEPT"))
     assert "*filter" not in text
-    again = Synced(Pipeline(kernel=make_kernel(netns), config=CONFIG)).sync(objects)
+    again = Synced(Proxier(kernel=make_kernel(netns), config=CONFIG)).sync(objects)
     assert again.sync.plan == ()
 
 

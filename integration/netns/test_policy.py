@@ -11,8 +11,8 @@ never touched.
   recorded by a wrapper first on PATH), and with the lock held by someone else for a while
   the write waits for it instead of failing.
 
-The sync runs through the agent's Pipeline, with the fallback given the desired state's
-access the way the agent must wire it: `kernel.use_access(pipeline.index.access_of)`.
+The sync runs through the agent's Proxier, with the fallback given the desired state's
+access the way the agent must wire it: `kernel.use_access(proxier.index.access_of)`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import pytest
 from integration.lab import PORT, Lab, inside, request
 from ipvsproxy.config import Config
 from ipvsproxy.iptables import Commands, IptablesKernel
-from ipvsproxy.pipeline import Pipeline
 from ipvsproxy.policy import node_policy
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.factories import ep, node, port, service, slice_
 
@@ -75,16 +75,16 @@ def objects(lab: Lab, cluster_ip: str = CLUSTER_IP, **spec: Any) -> list[dict[st
 def sync(
     config: Config, objs: list[dict[str, Any]], *, prefix: tuple[str, ...] = ()
 ) -> IptablesKernel:
-    """One full pass of the agent's pipeline on the fallback inside the node namespace."""
+    """One full pass of the agent's proxier on the fallback inside the node namespace."""
     commands = Commands(prefix=(*prefix, "ip", "netns", "exec", NODE_NS))
     kernel = IptablesKernel(commands=commands, node=node_policy(config))
     kernel.check()
-    pipeline = Pipeline(kernel=kernel, config=config)
-    kernel.use_access(pipeline.index.access_of)  # the wiring the agent needs
+    proxier = Proxier(kernel=kernel, config=config)
+    kernel.use_access(proxier.index.access_of)  # the wiring the agent needs
     tracker = Tracker(node_name=config.node_name)
     for kind in (SERVICE, SLICE, NODE):
         tracker.replace(kind, [o for o in objs if o["kind"] == kind])
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     assert result.ok, result.sync.report.failures
     assert kernel.observe() is not None
     assert kernel.damage() == ()  # what was written reads back exactly as rendered
@@ -238,13 +238,13 @@ def test_a_held_xtables_lock_is_waited_for_and_the_wait_is_bounded(lab, tmp_path
             time.sleep(0.3)  # the holder has the lock
             commands = Commands(prefix=(*prefix, "ip", "netns", "exec", NODE_NS))
             kernel = IptablesKernel(commands=commands)
-            pipeline = Pipeline(kernel=kernel, config=Config(node_name="node-a"))
-            kernel.use_access(pipeline.index.access_of)
+            proxier = Proxier(kernel=kernel, config=Config(node_name="node-a"))
+            kernel.use_access(proxier.index.access_of)
             tracker = Tracker(node_name="node-a")
             for kind in (SERVICE, SLICE, NODE):
                 tracker.replace(kind, [o for o in objs if o["kind"] == kind])
             started = time.monotonic()
-            result = pipeline.sync(tracker.take(), full=True)
+            result = proxier.sync(tracker.take(), full=True)
             took = time.monotonic() - started
         finally:
             holder.wait()

@@ -2,7 +2,7 @@
 
 Owns: `RulesetGeneration` (one request, NFT_MSG_GETGEN, answered with NFTA_GEN_ID).
 
-Why: a periodic resync must notice a companion chain changed behind ipvsproxy's back, and
+Why: a periodic resync must notice a firewall chain changed behind ipvsproxy's back, and
 reading the chains back is four `iptables-save` processes (two families, two tables): about
 3 s in the test VM at 1,000 Services, most of an idle resync. The iptables-nft tools write
 through nf_tables, whose every committed transaction (any table, any family, anyone's) raises

@@ -115,7 +115,7 @@ class IptablesKernel:
     ) -> None:
         """`node`: the node's NAT settings. `access`: where each virtual server's access
         (frontend, traffic policy, loadBalancerSourceRanges) is looked up, given the keys
-        (the pipeline's `DesiredIndex.access_of`); without it every virtual server is taken
+        (the proxier's `DesiredIndex.access_of`); without it every virtual server is taken
         for a ClusterIP when its address is a VIP, else for a NodePort."""
         self.node = node
         self._access = access

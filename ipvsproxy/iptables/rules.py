@@ -22,13 +22,13 @@ chains compare as text. The layout:
                         endpoint (weight-0 destinations keep their chain, unused)
     POSTROUTING         -> IPVSPX-POSTROUTING   masquerade what carries the mark, clear it
   filter table (`filter_ruleset()`, kube-proxy's KUBE-FORWARD, the same rules as the IPVS
-  companion's IPVSPROXY-FORWARD, from policy.forward_rules()):
+  firewall's IPVSPROXY-FORWARD, from policy.forward_rules()):
     FORWARD             -> IPVSPX-FORWARD       INVALID dropped; marked packets and
                                                 RELATED,ESTABLISHED flows accepted, so DNATed
                                                 Service traffic passes a FORWARD policy DROP
 
 Who is masqueraded and who may connect is the node's policy (ipvsproxy/policy.py, the same
-the IPVS companion renders): ClusterIP traffic from outside the pods (--cluster-cidr,
+the IPVS firewall renders): ClusterIP traffic from outside the pods (--cluster-cidr,
 --detect-local-mode) or all of it (--masquerade-all); external traffic (NodePort,
 externalIP, LoadBalancer) unless externalTrafficPolicy is Local; the mark bit is
 --masquerade-bit. The nat table cannot DROP; kube-proxy also drops the un-DNATed rest in

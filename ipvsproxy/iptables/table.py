@@ -39,7 +39,7 @@ from ipvsproxy.model import (
 )
 from ipvsproxy.policy import DEFAULT_NODE, AccessLike, NodePolicy, frontend_policy
 
-Changes = dict[str, tuple[str, ...] | None]  # chain -> its rules, or None: delete it
+ChainChanges = dict[str, tuple[str, ...] | None]  # chain -> its rules, or None: delete it
 
 
 class Table:
@@ -121,9 +121,9 @@ class Table:
             else:
                 self._touched.add(key)
 
-    def changes(self) -> dict[int, Changes]:
+    def changes(self) -> dict[int, ChainChanges]:
         """Per family, the chains that differ since the last call, and what they hold now."""
-        out: defaultdict[int, Changes] = defaultdict(dict)
+        out: defaultdict[int, ChainChanges] = defaultdict(dict)
         dispatch = set(self._vips)
         for key in self._touched:
             old = self._pieces.pop(key, None)

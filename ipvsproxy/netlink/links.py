@@ -140,7 +140,7 @@ def host_addresses() -> tuple[IPAddress, ...]:
 
 class NodeAddresses:
     """`node_addresses()` read again only after a link or address changed (AddressEvents):
-    what the pipeline calls at every full pass. Open it in the namespace to watch."""
+    what the proxier calls at every full pass. Open it in the namespace to watch."""
 
     def __init__(self, dummy_device: str) -> None:
         self._dummy = dummy_device

@@ -58,7 +58,7 @@ NoLocal = tuple[TrafficPolicy, int]
 
 
 class Reach(enum.StrEnum):
-    """How traffic reaches a virtual server (what the companion iptables rules need)."""
+    """How traffic reaches a virtual server (what the firewall iptables rules need)."""
 
     CLUSTER_IP = "cluster-ip"
     EXTERNAL_IP = "external-ip"

@@ -1,4 +1,4 @@
-"""What the pipeline does about operations the kernel refused: serve the Service anyway, and
+"""What the proxier does about operations the kernel refused: serve the Service anyway, and
 retry the rest one object at a time, with backoff.
 
 Owns: `Refusals` and `Failing`.

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ipvsproxy.ipvsadm import dest_args, key_args, service_args
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -28,6 +27,7 @@ from ipvsproxy.model import (
     UpdateService,
     VSKey,
 )
+from ipvsproxy.saved_table import dest_args, key_args, service_args
 
 STALE = "(no longer wanted)"
 
@@ -94,7 +94,7 @@ _KINDS = (
     "delete-dest",
     "bind-address",
     "unbind-address",
-    "companion",  # ipset entries and iptables chains of IPVS mode's companion rules
+    "firewall",  # ipset entries and iptables chains of IPVS mode's firewall rules
 )
 
 

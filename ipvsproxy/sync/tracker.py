@@ -11,7 +11,7 @@ Each change marks the Services it touches dirty: a Service by its name, an Endpo
 its `kubernetes.io/service-name` label (before and after the change), this node's Node object
 all of them (node addresses and names change every Service's translation). The sync thread
 calls `take()`: the dirty Services' views and slices, and clears the marks, so a sync
-translates only what changed (sync/pipeline.py). `take(everything=True)` hands over all of
+translates only what changed (sync/proxier.py). `take(everything=True)` hands over all of
 them (full resyncs, `diff`).
 
 `synced()` is the guard against a partial view: until every required kind has listed once,
@@ -47,13 +47,7 @@ from ipvsproxy.api import (
 
 log = logging.getLogger("ipvsproxy.sync")
 
-__all__ = ["NODE", "SERVICE", "SLICE", "TRIGGER_TIME", "Changes", "Parsed", "Tracker", "parse"]
-
-# One object as the tracker keeps it: its view, or why it is malformed (the raw object is
-# dropped); `parse()` makes one (pure: a watcher may call it before handing the object over,
-# so a large list never holds every raw object at once).
-Parsed = Read
-parse = read
+__all__ = ["NODE", "SERVICE", "SLICE", "TRIGGER_TIME", "Changes", "Tracker"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +90,17 @@ class Tracker:
 
     # ---- feeding (watcher threads) ----------------------------------------------------------
 
-    def replace(self, kind: str, objects: Iterable[RawObject | RawJson | Parsed]) -> None:
-        """A complete list of `kind` (raw, or already `parse()`d): what was not listed is gone."""
+    def replace(self, kind: str, objects: Iterable[RawObject | RawJson | Read]) -> None:
+        """A complete list of `kind` (raw, or already `read()`d): what was not listed is gone."""
         fresh = {}
         for obj in objects:
-            item = obj if isinstance(obj, Parsed) else parse(kind, obj)
+            item = obj if isinstance(obj, Read) else read(kind, obj)
             fresh[item.key] = item
         with self._lock:
             changed = kind not in self._listed
             self._listed.add(kind)
             for key in self._keys(kind) - fresh.keys():
-                changed = self._store(kind, Parsed(key, None)) or changed
+                changed = self._store(kind, Read(key, None)) or changed
             for item in fresh.values():
                 changed = self._store(kind, item, event=True) or changed
         if changed:
@@ -116,7 +110,7 @@ class Tracker:
         """One watch event: ADDED, MODIFIED or DELETED (BOOKMARK and ERROR are not for us)."""
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return
-        item = Parsed(key_of(obj), None) if event_type == "DELETED" else parse(kind, obj)
+        item = Read(key_of(obj), None) if event_type == "DELETED" else read(kind, obj)
         with self._lock:
             changed = self._store(kind, item, event=True)
         if changed:
@@ -129,7 +123,7 @@ class Tracker:
             return set(self._slices)
         return {("", name) for name in self._nodes}
 
-    def _store(self, kind: str, item: Parsed, *, event: bool = False) -> bool:
+    def _store(self, kind: str, item: Read, *, event: bool = False) -> bool:
         """Store one parsed object (view None: gone or malformed); mark what it touches
         dirty. Whether anything changed."""
         key, view = item.key, item.view
@@ -272,14 +266,14 @@ def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceVi
     """The new version of a slice with the old version's endpoint objects where they are
     equal: a rollout step changes one endpoint of many, and the others (their addresses
     also held by the desired and the kernel's tables) stay one object each, so memory does
-    not grow with every slice ever touched (pipeline.py `_reusing` does the same for the
+    not grow with every slice ever touched (proxier.py `_reusing` does the same for the
     destinations)."""
     held = {ep: ep for ep in old.endpoints}
     endpoints = tuple(held.get(ep, ep) for ep in view.endpoints)
     ports = old.ports if old.ports == view.ports else view.ports
     service = old.service_name if old.service_name == view.service_name else view.service_name
     # the same namespace and name (the same key): the old strings, which the tracker's and
-    # the pipeline's maps already hold as keys
+    # the proxier's maps already hold as keys
     return replace(
         view,
         namespace=old.namespace,

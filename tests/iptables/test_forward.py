@@ -1,10 +1,10 @@
 """Issue 15 item 3 on the iptables fallback: IPVSPX-FORWARD (kube-proxy's KUBE-FORWARD in
-iptables mode) rendered from the same policy as the IPVS companion's IPVSPROXY-FORWARD."""
+iptables mode) rendered from the same policy as the IPVS firewall's IPVSPROXY-FORWARD."""
 
 from __future__ import annotations
 
-from ipvsproxy.companion.rules import FORWARD as COMPANION_FORWARD
-from ipvsproxy.companion.rules import render as companion_render
+from ipvsproxy.firewall.rules import FORWARD as COMPANION_FORWARD
+from ipvsproxy.firewall.rules import render as firewall_render
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.rules import FILTER_JUMPS, FORWARD, PREFIX, filter_ruleset
 from ipvsproxy.iptables.transaction import damage, removal, transaction
@@ -29,7 +29,7 @@ def test_both_backends_forward_alike():
     nodes = (NodePolicy(), NodePolicy(masquerade_bit=3), NodePolicy(conntrack_tcp_liberal=True))
     for node in nodes:
         ours = filter_ruleset(node).chains[FORWARD]
-        theirs = companion_render(4, node)["filter"].chains[COMPANION_FORWARD]
+        theirs = firewall_render(4, node)["filter"].chains[COMPANION_FORWARD]
         assert [r.replace(FORWARD, "X") for r in ours] == [
             r.replace(COMPANION_FORWARD, "X") for r in theirs
         ]

@@ -1,4 +1,4 @@
-"""The fallback in the pipeline: the agent's Pipeline hands the iptables backend each virtual
+"""The fallback in the proxier: the agent's Proxier hands the iptables backend each virtual
 server's access, so loadBalancerSourceRanges are enforced from the first sync, and a Service
 that only gains or loses ranges (no IPVS operation) is rewritten by the next partial pass."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from ipvsproxy.config import Config
 from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.factories import ep, node, port, service, slice_
 from tests.iptables.fake import ScriptedCommands
@@ -37,16 +37,16 @@ def test_the_agents_fallback_enforces_source_ranges_and_follows_a_change_at_once
         SLICE, [slice_("lb", ports=(("http", 8080, "TCP"),), endpoints=[ep("10.244.1.9")])]
     )
     commands = ScriptedCommands()
-    pipeline = Pipeline(kernel=IptablesKernel(commands=commands), config=CONFIG)
-    assert pipeline.sync(tracker.take(), full=True).sync.report.ok
+    proxier = Proxier(kernel=IptablesKernel(commands=commands), config=CONFIG)
+    assert proxier.sync(tracker.take(), full=True).sync.report.ok
     chains = commands.tables[4]
     assert reaches(chains, INSIDE, key(LB_IP))
     assert not reaches(chains, OUTSIDE, key(LB_IP))  # closed from the first sync
     assert reaches(chains, OUTSIDE, key(CLUSTER_IP))  # the ranges guard the LB IP only
     tracker.event(SERVICE, "MODIFIED", copy.deepcopy(lb([])))  # ranges removed: no operation
-    result = pipeline.sync(tracker.take(), full=False)
+    result = proxier.sync(tracker.take(), full=False)
     assert not result.sync.plan
     assert reaches(commands.tables[4], OUTSIDE, key(LB_IP))  # open at once, not next period
     tracker.event(SERVICE, "MODIFIED", lb(["192.0.2.0/24"]))
-    pipeline.sync(tracker.take(), full=False)
+    proxier.sync(tracker.take(), full=False)
     assert not reaches(commands.tables[4], OUTSIDE, key(LB_IP))

@@ -1,5 +1,5 @@
 """The NAT/filter policy (ipvsproxy/policy.py) as both backends render it: the iptables
-fallback's chains, traced like kube-proxy's packet-flow tests, and the IPVS companion's sets
+fallback's chains, traced like kube-proxy's packet-flow tests, and the IPVS firewall's sets
 agree on who is masqueraded and who may reach a LoadBalancer; source ranges guard the
 LoadBalancer frontend only, never the ClusterIP, externalIP or NodePort of the same Service."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipvsproxy.companion.sets import wanted
+from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.iptables.rules import EXT_PREFIX, MARK_MASQ, POSTROUTING, SERVICES, svc_chain
 from ipvsproxy.model import IPAddress, Proto, VSKey
@@ -131,7 +131,7 @@ def test_source_ranges_guard_the_load_balancer_frontend_only():
         assert reaches(chains, OUTSIDE, other), other  # never filtered by the ranges
         assert reaches(chains, INSIDE, other), other
     assert [c for c in chains if c.startswith(EXT_PREFIX)] == [EXT_PREFIX + svc_chain(lb)[11:]]
-    # the companion: only the LB frontend is in LB-FW, with the range of its family
+    # the firewall: only the LB frontend is in LB-FW, with the range of its family
     sets = wanted(desired.state, desired.access)
     assert sets.sets["IPVSPROXY-LB-FW"][2] == {f"{LB_IP},tcp:80"}
     assert sets.sets["IPVSPROXY-LB-SOURCE"][2] == {f"{LB_IP},tcp:80,192.0.2.0/24"}
@@ -251,7 +251,7 @@ ACCESS = st.builds(
 
 @given(ACCESS, st.booleans(), st.booleans())
 def test_both_backends_decide_alike(access, masquerade_all, cidr):
-    """The companion's sets and the fallback's chains say the same of any access."""
+    """The firewall's sets and the fallback's chains say the same of any access."""
     nodes = NodePolicy(
         masquerade_all=masquerade_all,
         local_mode=LocalMode.CLUSTER_CIDR if cidr else LocalMode.NONE,

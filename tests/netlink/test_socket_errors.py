@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.companion.ipset import SetCommand
-from ipvsproxy.companion.nlread import SetReader
-from ipvsproxy.companion.nlwrite import SetWriter
 from ipvsproxy.errors import KernelError, KernelUnavailable
+from ipvsproxy.firewall.ipset import SetCommand
+from ipvsproxy.firewall.nlread import SetReader
+from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.model import (
     AddService,
     BindAddress,
@@ -287,7 +287,7 @@ def test_a_netlink_kernel_that_was_built_closes_what_it_opened(monkeypatch, open
     assert all(s.closed for s in opened)  # the device's rtnetlink and events sockets
 
 
-# ---- the companion's ipset sockets ---------------------------------------------------------
+# ---- the firewall's ipset sockets ---------------------------------------------------------
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def test_a_load_balancer_ip_that_is_a_node_address_is_served_but_not_bound():
 
 
 def test_the_entry_itself_says_not_to_bind_and_the_index_never_binds_it():
-    """What the companion sets read (`Entry.bind`, `IpvsState.bound`), full and incremental."""
+    """What the firewall sets read (`Entry.bind`, `IpvsState.bound`), full and incremental."""
     parsed = parse_objects([service(externalIPs=["192.168.0.10"]), WEB_SLICE, NODE])
     (svc,), (node_view,) = parsed.services, parsed.nodes
     contribution = translate_service(svc, parsed.slices, node_view, Config(node_name="node-a"))

@@ -22,7 +22,7 @@ from ipvsproxy.model import (
     VSKey,
 )
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.engine import apply_pass, plan_pass
+from ipvsproxy.sync.ipvs_pass import apply_pass, plan_pass
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.testing import FakeKernel
 
@@ -62,7 +62,7 @@ def _ops(state: IpvsState):
 
 
 def step(kernel, drainer, desired: IpvsState):
-    """One full pass's IPVS steps, as the pipeline takes them: observe, plan, apply."""
+    """One full pass's IPVS steps, as the proxier takes them: observe, plan, apply."""
     ownership = ownership_for(CONFIG, NODE.addresses)
     planned = plan_pass(kernel, desired, kernel.observe(), ownership=ownership, drainer=drainer)
     return apply_pass(kernel, planned, names={})

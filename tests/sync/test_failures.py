@@ -14,13 +14,13 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, Unsupported
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.model import AddDest, AddService, Op, Proto, UpdateService, VSKey
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
 from ipvsproxy.sync.failures import Failing
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
-from tests.test_daemon import Clock, driven_agent, next_run, sample
+from tests.test_agent_loop import Clock, driven_agent, next_run, sample
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
 
@@ -64,49 +64,49 @@ def test_a_scheduler_the_kernel_lacks_is_replaced_by_the_default_found_out_once(
     tracker = tracker_with(
         twos("a", "10.96.0.1"), slice_("a", endpoints=[ep("10.244.0.1")]), twos("b", "10.96.0.2")
     )
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    first = pipeline.sync(tracker.take(), full=True)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
+    first = proxier.sync(tracker.take(), full=True)
     assert len(kernel.refused) == 2  # both tried once, as asked
     assert {str(k.address) for k in first.refused} == {"10.96.0.1", "10.96.0.2"}
     assert not first.stale  # a refusal is not drift: no full pass for it
-    second = pipeline.sync(tracker.take(), full=False)  # at once: the substitutes
+    second = proxier.sync(tracker.take(), full=False)  # at once: the substitutes
     assert second.sync.report.ok
     assert schedulers(kernel) == {"10.96.0.1": Scheduler.RR, "10.96.0.2": Scheduler.RR}
     a = next(k for k in kernel.state.services if str(k.address) == "10.96.0.1")
     assert len(kernel.state.dests[a]) == 1  # its endpoint too
-    warnings = [w for w in pipeline.warnings if "twos" in w]
+    warnings = [w for w in proxier.warnings if "twos" in w]
     assert len(warnings) == 2
     assert any("default/a" in w for w in warnings)
     assert any("default/b" in w for w in warnings)
     for _ in range(3):  # never retried: no more refusals, no writes
         applied = len(kernel.applied)
-        pipeline.sync(tracker.take(), full=True)
+        proxier.sync(tracker.take(), full=True)
         assert len(kernel.applied) == applied
     assert len(kernel.refused) == 2
     # a third Service asking for twos goes straight to the default: no refusal at all
     tracker.event(SERVICE, "ADDED", twos("c", "10.96.0.3"))
-    result = pipeline.sync(tracker.take(), full=False)
+    result = proxier.sync(tracker.take(), full=False)
     assert result.sync.report.ok
     assert len(kernel.refused) == 2
     assert schedulers(kernel)["10.96.0.3"] is Scheduler.RR
-    assert any("default/c" in w and "not available" in w for w in pipeline.warnings)
+    assert any("default/c" in w and "not available" in w for w in proxier.warnings)
     # another scheduler asked for: tried as asked, and served
     tracker.event(SERVICE, "MODIFIED", twos("a", "10.96.0.1", scheduler="lc"))
-    pipeline.sync(tracker.take(), full=False)
+    proxier.sync(tracker.take(), full=False)
     assert schedulers(kernel)["10.96.0.1"] is Scheduler.LC
-    assert not any("default/a" in w for w in pipeline.warnings)
+    assert not any("default/a" in w for w in proxier.warnings)
 
 
 def test_a_refused_update_switches_to_the_default_and_keeps_the_endpoints():
     kernel = NoTwos()
     endpoints = slice_("a", endpoints=[ep("10.244.0.1"), ep("10.244.0.2")])
     tracker = tracker_with(twos("a", "10.96.0.1", scheduler="lc"), endpoints)
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    pipeline.sync(tracker.take(), full=True)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
+    proxier.sync(tracker.take(), full=True)
     tracker.event(SERVICE, "MODIFIED", twos("a", "10.96.0.1"))
-    pipeline.sync(tracker.take(), full=False)
+    proxier.sync(tracker.take(), full=False)
     assert kernel.refused
-    pipeline.sync(tracker.take(), full=False)
+    proxier.sync(tracker.take(), full=False)
     assert schedulers(kernel) == {"10.96.0.1": Scheduler.RR}
     assert len(next(iter(kernel.state.dests.values()))) == 2
 
@@ -120,7 +120,7 @@ def test_a_failed_operation_is_retried_for_its_virtual_server_alone_with_backoff
         service("b", cluster_ips=("10.96.0.2",)),
         slice_("b", endpoints=[ep("10.244.0.2")]),
     )
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, clock=clock)
+    proxier = Proxier(kernel=kernel, config=CONFIG, clock=clock)
     add = None
     original_apply = kernel.apply
 
@@ -133,17 +133,17 @@ def test_a_failed_operation_is_retried_for_its_virtual_server_alone_with_backoff
         return original_apply(plan, names=names)
 
     kernel.apply = failing_apply  # type: ignore[method-assign]
-    pipeline.sync(tracker.take(), full=True)
+    proxier.sync(tracker.take(), full=True)
     assert add is not None
     tries = [clock.now]
     for _ in range(40):  # 40 s of partial passes, one a second
         clock.now += 1
-        result = pipeline.sync(tracker.take(), full=False)
+        result = proxier.sync(tracker.take(), full=False)
         if result.sync.plan:
             tries.append(clock.now)
             assert set(result.sync.plan) == {add}  # b's endpoint alone, never a's
     assert [round(b - a) for a, b in zip(tries, tries[1:], strict=False)] == [1, 2, 4, 8, 16]
-    assert pipeline.backoff.next_in() is not None
+    assert proxier.backoff.next_in() is not None
 
 
 def test_backoff_forgets_what_succeeded_and_counts_what_keeps_failing():
@@ -214,7 +214,7 @@ def test_health_stays_up_over_sync_periods_while_an_operation_keeps_failing(capl
 def test_an_unexpected_error_in_a_pass_is_logged_counted_and_retried(caplog):
     agent, runner, clock = driven_agent()
     agent.feed(service("web"), slice_("web", endpoints=[ep("10.244.0.1")]))
-    real_plan = agent.sync.pipeline.plan
+    real_plan = agent.sync.proxier.plan
     calls = []
 
     def broken(**kwargs):
@@ -223,7 +223,7 @@ def test_an_unexpected_error_in_a_pass_is_logged_counted_and_retried(caplog):
             raise RuntimeError("a bug")
         return real_plan(**kwargs)
 
-    agent.sync.pipeline.plan = broken  # type: ignore[method-assign]
+    agent.sync.proxier.plan = broken  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="ipvsproxy.sync"):
         assert runner.run_if_due() == 0
     assert any(r.exc_info and "a bug" in str(r.exc_info[1]) for r in caplog.records)

@@ -2,9 +2,9 @@
 
 Random sequences of object changes (Services of every type sharing a small pool of addresses,
 so they collide; EndpointSlices moving between Services; the Node changing) go through the
-Tracker into a Pipeline over FakeKernel, synced partially or fully at random. After every
+Tracker into a Proxier over FakeKernel, synced partially or fully at random. After every
 pass with no drift pending, the kernel holds exactly what a from-scratch translation of the
-final objects asks for; drift injected behind the pipeline's back is repaired by the next
+final objects asks for; drift injected behind the proxier's back is repaired by the next
 full pass (and only then: a partial pass reads nothing from the kernel).
 """
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
 from ipvsproxy.config import Config
 from ipvsproxy.model import DeleteService, IpvsState
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.desired import desired_state
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
@@ -131,18 +131,18 @@ def test_partial_and_full_passes_reach_what_a_fresh_translation_asks(script):
     for kind, obj in ((SERVICE, []), (SLICE, []), (NODE, [node()])):
         tracker.replace(kind, obj)
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    pipeline.sync(tracker.take(), full=True)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
+    proxier.sync(tracker.take(), full=True)
     drifted = stale = False
     for kind, how, obj in script:
         if kind == "sync":
-            result = pipeline.sync(tracker.take(), full=how == "full" or stale)
+            result = proxier.sync(tracker.take(), full=how == "full" or stale)
             stale = result.stale  # the kernel contradicted the table: the daemon goes full
             drifted = drifted and how == "partial"
             if not drifted:
                 assert result.sync.report.ok
                 assert same(kernel, from_scratch(tracker))
-                table = pipeline.table  # what the next partial pass plans against
+                table = proxier.table  # what the next partial pass plans against
                 held = kernel.state
                 assert (table.services, table.dests, table.bound) == (
                     dict(held.services),
@@ -156,7 +156,7 @@ def test_partial_and_full_passes_reach_what_a_fresh_translation_asks(script):
                 drifted = True
         else:
             tracker.event(kind, how, obj)
-    pipeline.sync(tracker.take(), full=True)
+    proxier.sync(tracker.take(), full=True)
     assert same(kernel, from_scratch(tracker))
 
 

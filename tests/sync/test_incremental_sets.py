@@ -1,8 +1,8 @@
-"""The companion's sets on the incremental path equal a from-scratch computation.
+"""The firewall's sets on the incremental path equal a from-scratch computation.
 
 The same random object changes as test_incremental.py (Services colliding on few addresses,
 slices moving between Services and endpoints between nodes, the Node changing), synced
-partially or fully at random by a Pipeline with the companion on a fake ipset host. After
+partially or fully at random by a Proxier with the firewall on a fake ipset host. After
 every full pass the host's sets are exactly `wanted()` of a fresh translation of the final
 objects, whatever drift was injected into the sets and the IPVS table before it: a full pass
 refreshes only what may have changed in its set index, and this is what proves it misses
@@ -18,16 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
-from ipvsproxy.companion.kernel import Companion
-from ipvsproxy.companion.sets import wanted
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.model import DeleteService, IpvsState
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.desired import desired_state
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.companion.test_scale import FakeHost
 from tests.factories import node, parse_node
+from tests.firewall.test_scale import FakeHost
 from tests.sync.test_incremental import CONFIG, nodes, services, slices
 
 steps = st.lists(
@@ -37,7 +37,7 @@ steps = st.lists(
         st.tuples(st.just(NODE), st.just("MODIFIED"), nodes()),
         st.tuples(st.just("sync"), st.sampled_from(["partial", "full"]), st.none()),
         st.tuples(st.just("drift"), st.sampled_from(["ipvs", "set"]), st.integers(0, 50)),
-        # the same Service with only what the companion reads changed: no IPVS operation
+        # the same Service with only what the firewall reads changed: no IPVS operation
         st.tuples(st.just("flip"), st.sampled_from(["local", "ranges"]), st.integers(0, 3)),
         # removed endpoints drain while connected, up to the timeout (held in the sets too)
         st.tuples(st.just("conns"), st.booleans(), st.none()),
@@ -97,9 +97,9 @@ def test_full_passes_leave_exactly_the_sets_a_fresh_translation_asks(script):
     for kind, obj in ((SERVICE, []), (SLICE, []), (NODE, [node()])):
         tracker.replace(kind, obj)
     kernel, host, now = FakeKernel(), FakeHost(), [0.0]
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
     drainer = Drainer(timeout=10.0, clock=lambda: now[0])
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion, drainer=drainer)
+    proxier = Proxier(kernel=kernel, config=CONFIG, firewall=firewall, drainer=drainer)
     connected = False
     stale = False
     last: dict[str, Any] = {}  # the last version of each Service sent, by name
@@ -113,9 +113,9 @@ def test_full_passes_leave_exactly_the_sets_a_fresh_translation_asks(script):
         elif kind == "clock":
             now[0] += 11.0
         elif kind == "sync":
-            result = pipeline.sync(tracker.take(), full=how == "full" or stale)
-            stale = result.stale or bool(result.companion_error)
-            if result.full and not result.companion_error:
+            result = proxier.sync(tracker.take(), full=how == "full" or stale)
+            stale = result.stale or bool(result.firewall_error)
+            if result.full and not result.firewall_error:
                 assert host_has(host) == host_wants(tracker, result.sync.state)
         elif kind == "drift":
             drift(kernel, host, how, obj)
@@ -162,25 +162,25 @@ def test_a_drain_that_ends_in_a_full_pass_takes_its_entries_with_it():
         ],
     )
     kernel, host, now = FakeKernel(), FakeHost(), [0.0]
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
     drainer = Drainer(timeout=10.0, clock=lambda: now[0])
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion, drainer=drainer)
-    pipeline.sync(tracker.take(), full=True)
+    proxier = Proxier(kernel=kernel, config=CONFIG, firewall=firewall, drainer=drainer)
+    proxier.sync(tracker.take(), full=True)
     entry = "10.244.0.1,tcp:8443,10.244.0.1"
     assert entry in host.sets["IPVSPROXY-LOOP-BACK"][3]
     tracker.event(SLICE, "MODIFIED", slice_("a", ports=ports, endpoints=[other]))
     kernel.conns = {key: {rs: (1, 0) for rs in dests} for key, dests in kernel.state.dests.items()}
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     assert result.sync.draining == 1
     assert entry in host.sets["IPVSPROXY-LOOP-BACK"][3]  # held while it drains
     now[0] += 11.0
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     assert result.sync.released == 1
     assert entry not in host.sets["IPVSPROXY-LOOP-BACK"][3]
     assert host_has(host) == host_wants(tracker, result.sync.state)
 
 
-def test_a_change_only_the_companion_sees_reaches_the_sets_in_a_full_pass():
+def test_a_change_only_the_firewall_sees_reaches_the_sets_in_a_full_pass():
     """externalTrafficPolicy flipped, nothing else: no IPVS operation, yet the NodePort
     leaves the masquerade set (`NODE-PORT`), also when the next pass is a full one."""
     from tests.factories import ep, port, service, slice_
@@ -192,12 +192,12 @@ def test_a_change_only_the_companion_sees_reaches_the_sets_in_a_full_pass():
     tracker.replace(SERVICE, [svc])
     tracker.replace(SLICE, [slice_("a", endpoints=[ep("10.244.0.1", node="node-a")])])
     kernel, host = FakeKernel(), FakeHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion)
-    result = pipeline.sync(tracker.take(), full=True)
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=kernel, config=CONFIG, firewall=firewall)
+    result = proxier.sync(tracker.take(), full=True)
     assert host.sets["IPVSPROXY-NODE-PORT"][3]
     tracker.event(SERVICE, "MODIFIED", flip(svc, "local"))
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     assert not result.sync.plan
     assert not host.sets["IPVSPROXY-NODE-PORT"][3]
     assert host_has(host) == host_wants(tracker, result.sync.state)

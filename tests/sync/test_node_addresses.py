@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 from ipvsproxy.config import Config
 from ipvsproxy.model import IPAddress
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, parse_node, port, service, slice_
-from tests.test_daemon import driven_agent, next_run
+from tests.test_agent_loop import driven_agent, next_run
 
 V4, V6 = ip_address("192.168.0.10"), ip_address("2001:db8::10")
 
@@ -45,17 +45,17 @@ def dual_stack_nodeport() -> list[Any]:
     return [svc, slice_("np", endpoints=[ep("10.244.0.1")])]
 
 
-def sync(config: Config, host: Any, node: Any) -> tuple[FakeKernel, Pipeline, Tracker]:
+def sync(config: Config, host: Any, node: Any) -> tuple[FakeKernel, Proxier, Tracker]:
     tracker = Tracker(required=(SERVICE, SLICE, NODE), node_name="node-a")
     svc, endpoints = dual_stack_nodeport()
     tracker.replace(NODE, [node])
     tracker.replace(SERVICE, [svc])
     tracker.replace(SLICE, [endpoints])
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=config, node_addresses=lambda: host[0])
-    pipeline.refresh_host()
-    pipeline.sync(tracker.take(), full=True)
-    return kernel, pipeline, tracker
+    proxier = Proxier(kernel=kernel, config=config, node_addresses=lambda: host[0])
+    proxier.refresh_host()
+    proxier.sync(tracker.take(), full=True)
+    return kernel, proxier, tracker
 
 
 def test_nodeports_listen_on_the_hosts_addresses_not_the_node_objects():
@@ -104,7 +104,7 @@ def test_the_primary_keyword_on_the_command_line():
 def test_an_address_added_to_the_host_gets_its_nodeports_at_the_next_full_pass():
     agent, runner, clock = driven_agent()
     host: list[tuple[IPAddress, ...]] = [(V4,)]
-    agent.sync.pipeline.node_addresses = lambda: host[0]
+    agent.sync.proxier.node_addresses = lambda: host[0]
     svc, endpoints = dual_stack_nodeport()
     agent.tracker.replace(NODE, [node_object(("InternalIP", "192.168.0.10"))])
     agent.feed(svc, endpoints)
@@ -123,15 +123,15 @@ def test_an_address_added_to_the_host_gets_its_nodeports_at_the_next_full_pass()
 def test_the_same_host_addresses_in_another_order_are_no_change():
     """A dump's order is no change of the host: no Service is translated again for it."""
     found: list[tuple[IPAddress, ...]] = [(V4, V6), (V6, V4)]
-    pipeline = Pipeline(
+    proxier = Proxier(
         kernel=FakeKernel(), config=Config(node_name="node-a"), node_addresses=lambda: found[0]
     )
-    assert pipeline.refresh_host()  # the first read
+    assert proxier.refresh_host()  # the first read
     found.pop(0)
-    assert not pipeline.refresh_host()
+    assert not proxier.refresh_host()
     found.append((V4,))
     found.pop(0)
-    assert pipeline.refresh_host()  # one lost
+    assert proxier.refresh_host()  # one lost
 
 
 def test_only_a_node_change_the_translation_reads_hands_over_every_service():

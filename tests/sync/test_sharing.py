@@ -1,6 +1,6 @@
 """Memory stays flat under churn: a changed slice keeps the old version's objects for its
 unchanged endpoints (tracker), and a changed Service's translation keeps the destinations
-the desired table already holds (pipeline), so the desired table, the kernel's table and the
+the desired table already holds (proxier), so the desired table, the kernel's table and the
 views share one object per endpoint however many times each Service changed (the 10,000-
 Service soak grew by a quarter in 3 minutes before: bench/native_scale.py)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from ipvsproxy.api import EndpointSliceView
 from ipvsproxy.config import Config
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
@@ -35,21 +35,21 @@ def test_every_endpoint_is_one_object_however_often_its_service_changed():
     )
     tracker.replace(SLICE, [endpoints(i, pods[i]) for i in range(services)])
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    pipeline.sync(tracker.take(), full=True)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
+    proxier.sync(tracker.take(), full=True)
     rng, fresh = random.Random(7), 100_000
     for n in range(400):  # rollout steps: one endpoint of one Service replaced at a time
         i = rng.randrange(services)
         pods[i][rng.randrange(10)] = fresh + n
         tracker.event(SLICE, "MODIFIED", endpoints(i, pods[i]))
-        pipeline.sync(tracker.take(), full=n % 50 == 49)
-    desired = {id(rs) for dests in pipeline.index.dests.values() for rs in dests.values()}
+        proxier.sync(tracker.take(), full=n % 50 == 49)
+    desired = {id(rs) for dests in proxier.index.dests.values() for rs in dests.values()}
     programmed = {id(rs) for dests in kernel.state.dests.values() for rs in dests.values()}
     assert len(desired) == services * 10
     assert programmed == desired  # one object each, shared by both tables
     views = tracker.views(SLICE)
     addresses = {id(e.address) for v in views for e in v.endpoints}  # type: ignore[union-attr]
-    keys = {id(rs.key.address) for d in pipeline.index.dests.values() for rs in d.values()}
+    keys = {id(rs.key.address) for d in proxier.index.dests.values() for rs in d.values()}
     assert len(addresses) == services * 10
     assert addresses == keys  # the views' and the tables' addresses are the same objects
 
@@ -66,13 +66,13 @@ def test_a_services_change_keeps_the_key_objects_already_held():
     )
     tracker.replace(SLICE, [endpoints(i, [i * 10]) for i in range(3)])
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
-    pipeline.sync(tracker.take(), full=True)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
+    proxier.sync(tracker.take(), full=True)
 
     def held() -> dict[tuple[str, str], tuple[Any, ...]]:
         slices = [v for v in tracker.views(SLICE) if isinstance(v, EndpointSliceView)]
         views = {(v.namespace, v.name): v for v in slices}
-        refs = {ref: ref for ref in pipeline.index._contributions}  # the map's own keys
+        refs = {ref: ref for ref in proxier.index._contributions}  # the map's own keys
         return {
             key: (view.namespace, view.name, view.service_name, refs[(key[0], view.service_name)])
             for key, view in views.items()
@@ -81,7 +81,7 @@ def test_a_services_change_keeps_the_key_objects_already_held():
     before = held()
     for i in range(3):
         tracker.event(SLICE, "MODIFIED", endpoints(i, [i * 10, 99]))
-    pipeline.sync(tracker.take(), full=False)
+    proxier.sync(tracker.take(), full=False)
     after = held()
     assert after == before
     assert all(a is b for key in before for a, b in zip(after[key], before[key], strict=True))

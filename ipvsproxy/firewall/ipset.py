@@ -1,4 +1,4 @@
-"""ipset's text formats for the companion sets (pure): the restore script, the save output.
+"""ipset's text formats for the firewall sets (pure): the restore script, the save output.
 
 Owns: `SetChange` (what to do to one set), `ipset_script()` (changes -> `ipset restore`
 input), `parse_ipset_save()`, `parse_names()` and the sizing (`maxelem_for()`,
@@ -16,7 +16,7 @@ filesystem over 9p, where one file syscall costs ~2 ms): 1,203 lines took 21 s o
 syscalls with names and 3.5 s with numbers; 1000 Services x 10 endpoints (12,003 lines) took
 139 s with names, beyond the 60 s limit of `Commands`. Natively it is 4x fewer syscalls.
 
-Imports: companion.sets, the standard library.
+Imports: firewall.sets, the standard library.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ipvsproxy.companion.sets import SET_PREFIX, SetState
+from ipvsproxy.firewall.sets import SET_PREFIX, SetState
 
 BULK = 64  # more changes than this to one set: build a temporary set and swap it in
 DEFAULT_MAXELEM = 65536  # ipset's default capacity

@@ -30,12 +30,12 @@ be spoofed.
 IPVS sees VIP traffic in LOCAL_IN after the filter table's INPUT chain, so both filters act
 before IPVS forwards anything.
 
-Imports: companion.sets, iptables.rules, policy, the standard library.
+Imports: firewall.sets, iptables.rules, policy, the standard library.
 """
 
 from __future__ import annotations
 
-from ipvsproxy.companion.sets import (
+from ipvsproxy.firewall.sets import (
     CLUSTER_IP,
     EXTERNAL_IP,
     LB_FW,
@@ -76,7 +76,7 @@ Options = NodePolicy
 
 
 def render(version: int, options: Options) -> dict[str, Ruleset]:
-    """table ("nat", "filter") -> ipvsproxy's companion chains for one IP version."""
+    """table ("nat", "filter") -> ipvsproxy's firewall chains for one IP version."""
 
     def match(spec: SetSpec, dirs: str, *, negate: bool = False) -> str:
         return f"-m set {'! ' if negate else ''}--match-set {spec.name(version)} {dirs}"

@@ -1,4 +1,4 @@
-"""IPVS mode beyond one node: the companion ipsets and iptables rules, on the real kernel.
+"""IPVS mode beyond one node: the firewall ipsets and iptables rules, on the real kernel.
 
 Two "nodes" are network namespaces, each with its own IPVS table, dummy device, ipsets and
 iptables (all per namespace), programmed by ipvsproxy's own sync path; pods are namespaces
@@ -22,15 +22,15 @@ import pytest
 
 from integration.conftest import clean_ipvs
 from integration.lab import PORT, Lab, connect, inside, request, sh
-from ipvsproxy.companion.index import SetIndex
-from ipvsproxy.companion.kernel import Companion
-from ipvsproxy.companion.nlread import SetReader
-from ipvsproxy.companion.nlwrite import SetWriter
-from ipvsproxy.companion.sets import wanted
 from ipvsproxy.config import Config
+from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.nlread import SetReader
+from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.netlink import NetlinkKernel
-from ipvsproxy.pipeline import PassResult, Pipeline
+from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.sync.desired import from_objects
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced
@@ -59,33 +59,33 @@ class Node:
             reader = SetReader()  # reads this namespace's sets
             writer = SetWriter()  # ...and writes them
         commands = Commands(prefix=("ip", "netns", "exec", self.ns))
-        self.companion = Companion(commands=commands, reader=reader, writer=writer)
-        self.companion.check()
-        self.companion_s = 0.0  # the last companion step's duration
+        self.firewall = Firewall(commands=commands, reader=reader, writer=writer)
+        self.firewall.check()
+        self.firewall_s = 0.0  # the last firewall step's duration
         self.config = Config(
             node_name=self.name,
             cluster_cidrs=(ip_network(CLUSTER_CIDR),),
             detect_local_mode="ClusterCIDR",
             nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
         )
-        pipeline = Pipeline(kernel=self.kernel, config=self.config, companion=self.companion)
-        self.synced = Synced(pipeline)
+        proxier = Proxier(kernel=self.kernel, config=self.config, firewall=self.firewall)
+        self.synced = Synced(proxier)
 
     def sync(self, objects: list[dict[str, Any]], *, full: bool = True) -> PassResult:
-        """One pass of the agent's pipeline, the companion's step included; every IPVS and
-        companion step must succeed."""
+        """One pass of the agent's proxier, the firewall's step included; every IPVS and
+        firewall step must succeed."""
         result = self.synced.sync(objects, full=full)
         assert result.sync.report.failures == ()
-        assert result.companion_error == ""
-        self.companion_s = result.companion_seconds
+        assert result.firewall_error == ""
+        self.firewall_s = result.firewall_seconds
         return result
 
     def close(self) -> None:
         self.kernel.close()
-        if self.companion.reader is not None:
-            self.companion.reader.close()
-        if self.companion.writer is not None:
-            self.companion.writer.close()
+        if self.firewall.reader is not None:
+            self.firewall.reader.close()
+        if self.firewall.writer is not None:
+            self.firewall.writer.close()
         self.lab.close()
 
 
@@ -305,14 +305,14 @@ def many(count: int) -> list[dict[str, Any]]:
     return objects(*out)
 
 
-def test_1000_services_every_companion_step_succeeds_and_the_rule_count_stays(cluster):
+def test_1000_services_every_firewall_step_succeeds_and_the_rule_count_stays(cluster):
     n1, _, _ = cluster
     started = time.monotonic()
     n1.sync(many(10))
     ten = _rules(n1.ns)
-    steps = {"10": n1.companion_s}
+    steps = {"10": n1.firewall_s}
     n1.sync(many(1000))  # every step asserted to succeed inside sync()
-    steps["1000"] = n1.companion_s
+    steps["1000"] = n1.firewall_s
     assert _rules(n1.ns) == ten
     assert "10.97.3.250,tcp:80" in _set(n1.ns, "IPVSPROXY-CLUSTER-IP")
     assert len(_set(n1.ns, "IPVSPROXY-CLUSTER-IP")) == 1000
@@ -321,11 +321,11 @@ def test_1000_services_every_companion_step_succeeds_and_the_rule_count_stays(cl
         f"10.244.1.{n},tcp:{PORT},10.244.1.{n}" for n in (2, 3)
     }
     n1.sync(many(1000))
-    steps["again"] = n1.companion_s
+    steps["again"] = n1.firewall_s
     n1.sync(objects())
-    steps["none"] = n1.companion_s
+    steps["none"] = n1.firewall_s
     assert _set(n1.ns, "IPVSPROXY-CLUSTER-IP") == set()
-    print(f"companion steps (s): {steps}; whole test {time.monotonic() - started:.1f} s")
+    print(f"firewall steps (s): {steps}; whole test {time.monotonic() - started:.1f} s")
     assert max(steps.values()) < 30  # was: ipset restore timed out after 60 s
 
 
@@ -334,10 +334,10 @@ def test_the_incremental_set_index_writes_what_the_full_path_wants(cluster):
     n1, _, _ = cluster
     n1.sync(many(20))
     desired, _ = from_objects(many(20), n1.config)
-    index = SetIndex(versions=n1.companion.versions)
+    index = SetIndex(versions=n1.firewall.versions)
     index.reset(desired.state, desired.access, local=desired.local_endpoints)
-    observed = n1.companion.observe_sets()  # over netlink
-    tool = Companion(commands=n1.companion.commands, versions=n1.companion.versions)
+    observed = n1.firewall.observe_sets()  # over netlink
+    tool = Firewall(commands=n1.firewall.commands, versions=n1.firewall.versions)
     assert tool.observe_sets() == observed  # ipset save says the same
     index.seed(observed)
     assert index.take() == ()  # the full sync left exactly what the index wants
@@ -346,13 +346,13 @@ def test_the_incremental_set_index_writes_what_the_full_path_wants(cluster):
     for target in (changed, fewer):
         keys = set(target.state.services) | index.keys()
         index.update_from(keys, target.state, target.access, local=target.local_endpoints)
-        n1.companion.write_sets(index.take())
-        host = n1.companion.observe_sets()
+        n1.firewall.write_sets(index.take())
+        host = n1.firewall.observe_sets()
         want = wanted(target.state, target.access, local=target.local_endpoints)
         for name, (_, version, entries) in want.sets.items():
-            if version in n1.companion.versions:
+            if version in n1.firewall.versions:
                 assert host.sets[name][2] == entries, name
-        assert index.drifted(n1.companion.observe_headers()) == ()
+        assert index.drifted(n1.firewall.observe_headers()) == ()
     sh("ip", "netns", "exec", n1.ns, "ipset", "del", "IPVSPROXY-CLUSTER-IP", "10.97.0.1,tcp:80")
-    assert index.drifted(n1.companion.observe_headers()) == ("IPVSPROXY-CLUSTER-IP",)
+    assert index.drifted(n1.firewall.observe_headers()) == ("IPVSPROXY-CLUSTER-IP",)
     n1.sync(objects())

@@ -1,4 +1,4 @@
-"""An IPVS node without a tool of the companion rules refuses to start, naming the tool,
+"""An IPVS node without a tool of the firewall rules refuses to start, naming the tool,
 unless the operator says explicitly to go on without them (and what that loses)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ipvsproxy import backends
-from ipvsproxy.backends import CompanionUnavailable, _companion
-from ipvsproxy.companion.kernel import Companion
+from ipvsproxy.backends import FirewallUnavailable, _firewall
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.iptables import Commands
 
 
@@ -42,10 +42,10 @@ def no_netlink(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_tools_needed_depend_on_whether_the_sets_go_over_netlink():
-    over_netlink = Companion(reader=Socket(), writer=Socket())  # type: ignore[arg-type]
+    over_netlink = Firewall(reader=Socket(), writer=Socket())  # type: ignore[arg-type]
     assert over_netlink.required_tools() == ("iptables-save", "iptables-restore")
-    assert Companion().required_tools() == ("iptables-save", "iptables-restore", "ipset")
-    half = Companion(reader=Socket())  # type: ignore[arg-type]
+    assert Firewall().required_tools() == ("iptables-save", "iptables-restore", "ipset")
+    half = Firewall(reader=Socket())  # type: ignore[arg-type]
     assert "ipset" in half.required_tools()
 
 
@@ -60,11 +60,11 @@ def test_the_tools_needed_depend_on_whether_the_sets_go_over_netlink():
 def test_a_missing_tool_refuses_the_start_naming_it(monkeypatch, tmp_path, present, missing):
     no_netlink(monkeypatch)
     monkeypatch.setenv("PATH", path_with(tmp_path, *present))
-    with pytest.raises(CompanionUnavailable) as refused:
-        _companion(Config())
+    with pytest.raises(FirewallUnavailable) as refused:
+        _firewall(Config())
     message = str(refused.value)
     assert f"{missing} not found on PATH" in message
-    assert "--allow-no-companion-rules" in message
+    assert "--allow-no-firewall-rules" in message
     assert "no loadBalancerSourceRanges" in message
 
 
@@ -79,10 +79,10 @@ def test_with_netlink_sets_the_ipset_tool_is_not_needed(monkeypatch, tmp_path):
         return ""
 
     monkeypatch.setattr(Commands, "run", record)
-    companion, missing = _companion(Config())
+    firewall, missing = _firewall(Config())
     assert [args[0] for args in ran] == ["iptables-save", "ip6tables-save"]  # no ipset
-    assert companion is not None
-    companion.close()
+    assert firewall is not None
+    firewall.close()
     assert missing == ""
 
 
@@ -90,8 +90,8 @@ def test_the_explicit_flag_runs_without_them_and_says_what_is_lost(monkeypatch, 
     no_netlink(monkeypatch)
     monkeypatch.setenv("PATH", path_with(tmp_path, "iptables-save", "ipset"))
     with caplog.at_level(logging.ERROR, logger="ipvsproxy.backends"):
-        companion, missing = _companion(Config(allow_no_companion=True))
-    assert companion is None
+        firewall, missing = _firewall(Config(allow_no_firewall=True))
+    assert firewall is None
     assert "iptables-restore" in missing
     (record,) = caplog.records
     assert "iptables-restore" in record.getMessage()
@@ -100,17 +100,17 @@ def test_the_explicit_flag_runs_without_them_and_says_what_is_lost(monkeypatch, 
         kernel=None,  # type: ignore[arg-type]
         name="ipvs",
         reason="test",
-        companion_missing=missing,
+        firewall_missing=missing,
     )
-    assert "iptables-restore" in str(backend.detail["companionRules"])
+    assert "iptables-restore" in str(backend.detail["firewallRules"])
 
 
 def test_the_host_path_is_left_alone():
     assert "PATH" in os.environ  # monkeypatch.setenv restored it
 
 
-def test_a_family_the_companion_cannot_cover_gets_no_virtual_server(caplog):
-    """IPv6 on a node without ip6tables: the companion covers IPv4 only, so IPv6 virtual
+def test_a_family_the_firewall_cannot_cover_gets_no_virtual_server(caplog):
+    """IPv6 on a node without ip6tables: the firewall covers IPv4 only, so IPv6 virtual
     servers and VIPs are refused (fail closed: no VIP port filter, no source ranges there),
     each with a failure and one warning; IPv4 is programmed; deletions always pass."""
     from ipaddress import ip_address
@@ -159,15 +159,15 @@ def test_a_family_the_companion_cannot_cover_gets_no_virtual_server(caplog):
 
 
 @pytest.mark.parametrize(("versions", "guarded"), [((4,), True), ((4, 6), False)])
-def test_ipvs_is_guarded_only_when_the_companion_lacks_a_family(monkeypatch, versions, guarded):
+def test_ipvs_is_guarded_only_when_the_firewall_lacks_a_family(monkeypatch, versions, guarded):
     from contextlib import nullcontext
 
     from ipvsproxy.backends import FailClosed, _ipvs_backend
     from ipvsproxy.testing import FakeKernel
 
     monkeypatch.setattr(backends, "_ipvs", lambda config: nullcontext(FakeKernel()))
-    companion = Companion(versions=versions)
-    monkeypatch.setattr(backends, "_companion", lambda config: (companion, ""))
+    firewall = Firewall(versions=versions)
+    monkeypatch.setattr(backends, "_firewall", lambda config: (firewall, ""))
     with _ipvs_backend(Config(), "test") as backend:
         assert isinstance(backend.kernel, FailClosed) is guarded
-        assert backend.companion is companion
+        assert backend.firewall is firewall

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ipaddress import ip_address
 
-from ipvsproxy.companion.conntrack import deletions, forget_udp, udp_first_endpoint, udp_gone
+from ipvsproxy.firewall.conntrack import deletions, forget_udp, udp_first_endpoint, udp_gone
 from ipvsproxy.model import (
     AddDest,
     AddService,

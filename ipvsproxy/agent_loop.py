@@ -1,8 +1,8 @@
 """The long-running agent's sync pass: what the runner calls, with its bookkeeping.
 
-Owns: `SyncPass`. Each call: wait until every required kind has listed (never program a
-partial view), take the changed Services from the tracker, run one pass of the pipeline
-(pipeline.py: full every `--sync-period` or after the node changed, partial in between),
+Owns: `AgentLoop`. Each call: wait until every required kind has listed (never program a
+partial view), take the changed Services from the tracker, run one pass of the proxier
+(proxier.py: full every `--sync-period` or after the node changed, partial in between),
 record metrics and health, log one summary line, and ask the runner for an early retry
 when an operation failed or endpoints are draining.
 
@@ -10,7 +10,7 @@ After each completed pass it also tells the health server whether this node is e
 (kube-proxy's SyncNode) and hands the health-check node ports their Services and local
 endpoint counts (healthcheck.py).
 
-Imports: pipeline, healthcheck, sync.*, kernel, metrics, serve, config, errors.
+Imports: proxier, healthcheck, sync.*, kernel, metrics, serve, config, errors.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
-from ipvsproxy.pipeline import PassResult, Pipeline, touched
+from ipvsproxy.proxier import PassResult, Proxier, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import Changes, Tracker
@@ -47,11 +47,11 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-class SyncPass:
+class AgentLoop:
     def __init__(
         self,
         *,
-        pipeline: Pipeline,
+        proxier: Proxier,
         tracker: Tracker,
         metrics: Metrics,
         health: Health,
@@ -59,8 +59,8 @@ class SyncPass:
         service_health: ServiceHealth | None = None,
         node_required: bool = False,
     ) -> None:
-        self.pipeline = pipeline
-        self._config = pipeline.config
+        self.proxier = proxier
+        self._config = proxier.config
         self._service_health = service_health
         # from the API the Node must exist for /healthz to be 200 (kube-proxy); manifests
         # may hold none
@@ -100,14 +100,14 @@ class SyncPass:
             return
         started = self._clock()
         full = started - self._last_full >= self._config.sync_period * FULL_DUE
-        moved = full and self.pipeline.refresh_host()  # this host's addresses changed
+        moved = full and self.proxier.refresh_host()  # this host's addresses changed
         changes = self._tracker.take(everything=moved)
         node = changes.node
         self._health.node_eligible(node.eligible if node else not self._node_required)
-        self.pipeline.feed(changes)
-        self._warn(self.pipeline.warnings)
+        self.proxier.feed(changes)
+        self._warn(self.proxier.warnings)
         try:
-            result = self.pipeline.apply(self.pipeline.plan(full=full))
+            result = self.proxier.apply(self.proxier.plan(full=full))
         except KernelError as exc:
             self._pass_failed(f"sync failed: {exc}", traceback=False, started=started, full=full)
             return
@@ -121,7 +121,7 @@ class SyncPass:
     def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
         """A pass that completed: metrics, health, the log line, early retries."""
         if result.full:
-            self._metrics.families(self.pipeline.families())
+            self._metrics.families(self.proxier.families())
             if not self._frozen:
                 freeze_heap()
                 self._frozen = True
@@ -141,46 +141,46 @@ class SyncPass:
             full=result.full,
             # as kube-proxy's syncProxyRules returning after a failed restore: timed, but no
             # last-sync time and no programming latency
-            restored=not result.companion_error and not restore_failures,
+            restored=not result.firewall_error and not restore_failures,
         )
-        fell_back = self.pipeline.index.no_local_endpoints()
+        fell_back = self.proxier.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         for version in restore_failures:
             self._metrics.restore_failed(version)
-        if result.companion_error:
-            log.error("companion rules: %s", result.companion_error)
+        if result.firewall_error:
+            log.error("firewall rules: %s", result.firewall_error)
         else:
             # Health is kube-proxy's: the loop is alive and completes passes. A refused
             # operation is a metric, a log line and a retry, never the node's health.
             self._health.updated()
         if self._service_health is not None:
-            self._service_health.sync(self.pipeline.health_checks, self._listen_on())
+            self._service_health.sync(self.proxier.health_checks, self._listen_on())
         self._log_failures(result)
-        self._warn(self.pipeline.warnings)  # substitutes for refused settings, named
+        self._warn(self.proxier.warnings)  # substitutes for refused settings, named
         log.info(
             "sync: %d operations (%d failed), %d virtual servers, %d real servers, "
-            "%d draining, %d companion changes, %.3fs (%s, %d Services changed, "
-            "companion %.3fs)",
+            "%d draining, %d firewall changes, %.3fs (%s, %d Services changed, "
+            "firewall %.3fs)",
             len(result.sync.plan),
             len(report.failures),
             result.virtual_servers,
             result.real_servers,
             result.sync.draining,
-            result.companion_changes,
+            result.firewall_changes,
             seconds,
             "full" if result.full else "partial",
             len(changes.services),
-            result.companion_seconds,
+            result.firewall_seconds,
         )
         self.last = result
         if result.full:  # the period counts from its end, as the runner's does
             self._last_full = self._clock()
-        self._retry(failed=bool(result.companion_error), draining=result.sync.draining > 0)
+        self._retry(failed=bool(result.firewall_error), draining=result.sync.draining > 0)
 
     def _listen_on(self) -> tuple[IPAddress, ...]:
         """Where health-check node ports listen: kube-proxy's nodePortAddresses when they
         restrict (CIDRs, or `primary`), else everywhere (empty)."""
-        node, config = self.pipeline.node, self._config
+        node, config = self.proxier.node, self._config
         if node is None or not (config.nodeport_cidrs or config.nodeport_primary):
             return ()
         chosen = node.primary if config.nodeport_primary else node.addresses
@@ -225,15 +225,15 @@ class SyncPass:
 
     def _retry(self, *, failed: bool, draining: bool = False) -> None:
         """Ask the runner for an early pass: when the first failing virtual server is due
-        again (pipeline backoff: 1, 2, 4, ... s, at most the sync period), after a failed
-        companion step (the same doubling), or in a second while endpoints drain."""
+        again (proxier backoff: 1, 2, 4, ... s, at most the sync period), after a failed
+        firewall step (the same doubling), or in a second while endpoints drain."""
         self._failed_passes = self._failed_passes + 1 if failed else 0
         if self.runner is None:
             return
         delays = []
         if failed:
             delays.append(self._config.retry.delay(self._failed_passes))
-        if (due := self.pipeline.backoff.next_in()) is not None:
+        if (due := self.proxier.backoff.next_in()) is not None:
             delays.append(due)
         if draining:
             delays.append(DRAIN_POLL)

@@ -1,24 +1,24 @@
-"""The one sync pipeline: changed Services in, IPVS table and companion rules out.
+"""The one sync proxier: changed Services in, IPVS table and firewall rules out.
 
-Owns: `Pipeline`, `PassPlan`, `PassResult`. `diff`, `run --once` and the agent all use it and
+Owns: `Proxier`, `PassPlan`, `PassResult`. `diff`, `run --once` and the agent all use it and
 differ only in what they do with a plan: `diff` renders it, `run --once` applies one full
-pass, the agent (daemon.py) runs passes in a loop.
+pass, the agent (agent_loop.py) runs passes in a loop.
 
 A pass is full or partial:
 - **full** (the first, every `--sync-period`, after the node changed): the kernel is observed
-  (IPVS table, addresses, the fallback's chains, the companion's sets and chains), the whole
+  (IPVS table, addresses, the fallback's chains, the firewall's sets and chains), the whole
   desired state is planned against it, and drift is repaired;
 - **partial** (on a change, between full ones): only the virtual servers of the Services that
   changed (plus those with endpoints draining, and those whose last operation failed) are
-  planned, against the table as last observed and since changed by what this pipeline
-  applied (`Table`). Nothing is read from the kernel but the draining servers' connection
+  planned, against the table as last observed and since changed by what this proxier
+  applied (`KnownTable`). Nothing is read from the kernel but the draining servers' connection
   counts, so a partial pass costs what changed, not what exists.
 
 The tracker (sync/tracker.py) hands over the changed Services already parsed; each one is
 translated (`translate_service`) into the `DesiredIndex`, which says which virtual servers
-may have changed. The full and the partial path plan with the same functions (sync/engine.py).
+may have changed. The full and the partial path plan with the same functions (sync/ipvs_pass.py).
 
-Imports: companion, iptables (the fallback's access hooks), sync.*, kernel, model, config,
+Imports: firewall, iptables (the fallback's access hooks), sync.*, kernel, model, config,
 api, errors.
 """
 
@@ -30,16 +30,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
-from ipvsproxy.companion.conntrack import forget_udp, udp_gone
-from ipvsproxy.companion.index import SetIndex
-from ipvsproxy.companion.ipset import host_after
-from ipvsproxy.companion.kernel import Companion, CompanionPlan, Observed, plan_companion
 from ipvsproxy.config import Config
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, RestoreFailed
+from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
+from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.ipset import host_after
+from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
-    DEST_WRITES,
     AddDest,
     AddService,
     BindAddress,
@@ -67,76 +66,66 @@ from ipvsproxy.sync.desired import (
     translate_service,
 )
 from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.engine import Planned, SyncResult, apply_pass, plan_pass
 from ipvsproxy.sync.failures import Failing, Refusals
 from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.ipvs_pass import IpvsPlan, IpvsResult, apply_pass, plan_pass
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.tracker import Changes
 
 log = logging.getLogger("ipvsproxy.sync")
 
 
-class Table:
+class KnownTable:
     """The kernel's IPVS table and bound addresses as far as this process knows them: what
     the last full observation saw, advanced by every operation applied since.
 
-    A virtual server's destination map is shared with the state it came from (the
-    observation, the plan) until an operation changes it (`_owned`): a full pass seeds the
-    table of 1,200 virtual servers at 1000x10 every resync, and copying each map, which
-    hashes every key again in Python, was a tenth of an idle resync in the VM."""
+    A destination map is never changed in place: an operation on a virtual server replaces
+    its map with a changed copy. So the table shares maps with the observation it was
+    seeded from and hands out its own to partial plans, and none of them ever sees
+    another's change."""
 
     def __init__(self) -> None:
         self.services: dict[VSKey, VirtualServer] = {}
         self.dests: dict[VSKey, Mapping[RSKey, RealServer]] = {}
         self.bound: set[IPAddress] = set()
-        self._owned: set[VSKey] = set()  # the destination maps this table made itself
 
     def seed(self, state: IpvsState) -> None:
-        self.services = dict(state.services)  # a dict's copy keeps its keys' hashes
+        self.services = dict(state.services)
         self.dests = dict(state.dests)
         self.bound = set(state.bound)
-        self._owned = set()
-
-    def _mutable(self, key: VSKey) -> dict[RSKey, RealServer]:
-        """`key`'s destination map, this table's own from now on."""
-        table = self.dests.get(key)
-        if key not in self._owned or table is None:
-            table = self.dests[key] = dict(table or {})
-            self._owned.add(key)
-        return table  # type: ignore[return-value]  # made by this table: a dict
 
     def advance(self, ops: Iterable[Op]) -> None:
         """Record operations the kernel executed."""
-        last: VSKey | None = None
-        table: dict[RSKey, RealServer] = {}
+        changed: dict[VSKey, dict[RSKey, RealServer]] = {}  # the new maps of this call
+
+        def copy_of(key: VSKey) -> dict[RSKey, RealServer]:
+            if key not in changed:
+                changed[key] = dict(self.dests.get(key, {}))
+                self.dests[key] = changed[key]
+            return changed[key]
+
         for op in ops:
-            if isinstance(op, DEST_WRITES):  # most of a large plan: no match statement
-                if op.service is not last:  # plans group a service's operations
-                    last, table = op.service, self._mutable(op.service)
-                table[op.rs.key] = op.rs
-                continue
-            last = None
             match op:
+                case AddDest(key, rs) | UpdateDest(key, rs):
+                    copy_of(key)[rs.key] = rs
                 case AddService(vs) | UpdateService(vs):
                     self.services[vs.key] = vs
-                    self._mutable(vs.key)
+                    copy_of(vs.key)
                 case DeleteService(key):
                     self.services.pop(key, None)
                     self.dests.pop(key, None)
-                    self._owned.discard(key)
+                    changed.pop(key, None)
                 case DeleteDest(key, rs_key):
                     if key in self.dests:
-                        self._mutable(key).pop(rs_key, None)
-                case BindAddress(address):
-                    self.bound.add(address)
-                case UnbindAddress(address):
-                    self.bound.discard(address)
+                        copy_of(key).pop(rs_key, None)
+                case BindAddress(address) | UnbindAddress(address):
+                    (self.bound.add if isinstance(op, BindAddress) else self.bound.discard)(address)
 
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
         services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
-        return IpvsState(  # copies: `advance()` changes the table's own dicts in place
+        return IpvsState(
             services,
-            {k: dict(self.dests.get(k, {})) for k in services},
+            {k: self.dests.get(k, {}) for k in services},
             frozenset(a for a in addresses if a in self.bound),
         )
 
@@ -146,50 +135,50 @@ class PassPlan:
     """Everything one pass would do, for `diff` to render or `apply()` to carry out."""
 
     full: bool
-    ipvs: Planned
+    ipvs: IpvsPlan
     names: Mapping[VSKey, str]
     repairs: tuple[str, ...] = ()  # damage to the backend's own objects, rewritten by apply
-    companion: CompanionPlan | None = None
-    companion_error: str = ""  # why the companion could not be planned ("" = it could)
-    companion_seen: Observed | None = None  # the host's sets and chains (full passes)
+    firewall: FirewallPlan | None = None
+    firewall_error: str = ""  # why the firewall could not be planned ("" = it could)
+    firewall_seen: Observed | None = None  # the host's sets and chains (full passes)
     keys: frozenset[VSKey] | None = None  # the virtual servers looked at (None: all)
 
 
 @dataclass(frozen=True, slots=True)
 class PassResult:
     full: bool
-    sync: SyncResult
-    companion_changes: int = 0
-    companion_error: str = ""  # why the companion part failed ("" = it did not)
+    sync: IpvsResult
+    firewall_changes: int = 0
+    firewall_error: str = ""  # why the firewall part failed ("" = it did not)
     forgotten: int = 0  # conntrack deletions asked for
     virtual_servers: int = 0  # desired, in the whole table
     real_servers: int = 0
-    companion_seconds: float = 0.0  # of the pass's time, what the companion step took
+    firewall_seconds: float = 0.0  # of the pass's time, what the firewall step took
     # The kernel contradicted what this process believed it holds (an object missing or
     # already there): someone changed it behind our back; a full pass is needed.
     stale: bool = False
     refused: frozenset[VSKey] = frozenset()  # settings refused: served plainer from now on
     recovered: frozenset[VSKey] = frozenset()  # failing before, done now
-    # the IP version of each iptables-restore run that failed (the companion's or the
+    # the IP version of each iptables-restore run that failed (the firewall's or the
     # fallback's): kube-proxy's iptables_restore_failures_total
     restore_failed: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.sync.report.ok and not self.companion_error
+        return self.sync.report.ok and not self.firewall_error
 
 
 @dataclass
-class Pipeline:
+class Proxier:
     """Keeps one node's desired state and plans/applies passes against its kernel."""
 
     kernel: Kernel
     config: Config
-    companion: Companion | None = None
+    firewall: Firewall | None = None
     drainer: Drainer | None = None
     manage_addresses: bool = True  # False: observed state from a saved ipvsadm file
     index: DesiredIndex = field(default_factory=DesiredIndex)
-    table: Table = field(default_factory=Table)
+    table: KnownTable = field(default_factory=KnownTable)
     node: NodeView | None = None
     warnings: tuple[str, ...] = ()
     # per Service ("namespace/name") that wants one, its health-check node port and local
@@ -200,7 +189,7 @@ class Pipeline:
     _ownership: Ownership | None = None
     _observed_once: bool = False
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
-    _sets: SetIndex | None = None  # the companion's sets, kept per virtual server
+    _sets: SetIndex | None = None  # the firewall's sets, kept per virtual server
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
     clock: Callable[[], float] = time.monotonic
@@ -218,7 +207,7 @@ class Pipeline:
         self.backoff = Failing(policy=self.config.retry, clock=self.clock)
         if isinstance(self.kernel, IptablesKernel):
             # The fallback renders each virtual server's access (source ranges, traffic
-            # policy) through policy.py, as the companion does: it looks them up here.
+            # policy) through policy.py, as the firewall does: it looks them up here.
             self.kernel.use_access(self.index.access_of)
 
     def refresh_host(self) -> bool:
@@ -293,7 +282,7 @@ class Pipeline:
         table (diff of a saved table). A partial pass before any full one is a full one."""
         full = full or not self._observed_once or observed is not None
         if full:
-            return self._plan_full(self._observe(observed, companion=self.node is not None))
+            return self._plan_full(self._observe(observed, firewall=self.node is not None))
         keys = self._keys | self.backoff.due() | (self.drainer.keys() if self.drainer else set())
         addresses = {k.address for k in keys} | self._addresses
         names = self.index.names(keys)
@@ -306,14 +295,14 @@ class Pipeline:
             manage_addresses=self.manage_addresses,
         )
         plan = PassPlan(False, ipvs, names, keys=frozenset(keys))
-        if self.companion is None:
+        if self.firewall is None:
             return plan
         sets = self._set_index()
         try:  # only the sets of the virtual servers looked at; nothing read from the host
             sets.update_from(keys, ipvs.state, self.index.access_of(keys), local=self.index.local)
-            return replace(plan, companion=CompanionPlan(sets.take()))
+            return replace(plan, firewall=FirewallPlan(sets.take()))
         except KernelError as exc:
-            return replace(plan, companion_error=str(exc))
+            return replace(plan, firewall_error=str(exc))
 
     def sync(self, changes: Changes, *, full: bool) -> PassResult:
         """One pass: `plan_from()` the changes, then `apply()` the plan."""
@@ -324,17 +313,17 @@ class Pipeline:
         self.feed(changes)
         return self.plan(full=full)
 
-    def _observe(self, observed: IpvsState | None, *, companion: bool) -> _Observation:
+    def _observe(self, observed: IpvsState | None, *, firewall: bool) -> _Observation:
         """What a full pass plans against: the IPVS table (`observed` instead, if given)
-        and, with a `companion`, its sets and chains. The companion's reading fails on its
+        and, with a `firewall`, its sets and chains. The firewall's reading fails on its
         own (its plan carries the error, the IPVS plan is made)."""
         ipvs, repairs = self._observe_ipvs(observed)
-        if self.companion is None or not companion:
-            return _Observation(ipvs, repairs, companion=None)
+        if self.firewall is None or not firewall:
+            return _Observation(ipvs, repairs, firewall=None)
         try:
-            return _Observation(ipvs, repairs, companion=self.companion.observe())
+            return _Observation(ipvs, repairs, firewall=self.firewall.observe())
         except KernelError as exc:
-            return _Observation(ipvs, repairs, companion=None, companion_error=str(exc))
+            return _Observation(ipvs, repairs, firewall=None, firewall_error=str(exc))
 
     def _observe_ipvs(self, observed: IpvsState | None) -> tuple[IpvsState, tuple[str, ...]]:
         if observed is not None:
@@ -343,19 +332,19 @@ class Pipeline:
 
     def _plan_full(self, observation: _Observation) -> PassPlan:
         plan, desired = self._plan_ipvs(observation.ipvs, observation.repairs)
-        if observation.companion_error:
-            return replace(plan, companion_error=observation.companion_error)
-        companion, seen = self.companion, observation.companion
-        if companion is None or seen is None or self.node is None:
+        if observation.firewall_error:
+            return replace(plan, firewall_error=observation.firewall_error)
+        firewall, seen = self.firewall, observation.firewall
+        if firewall is None or seen is None or self.node is None:
             return plan
         # the rules' options: the node's policy (for NodeCIDR, its pod CIDRs)
-        companion.options = node_policy(self.config, tuple(self.node.pod_cidrs))
+        firewall.options = node_policy(self.config, tuple(self.node.pod_cidrs))
         try:  # every set, against what the host holds (sets and chains)
             sets = self._refreshed_sets(plan.ipvs, desired.access, desired.local_endpoints)
-            wanted = plan_companion(sets.wanted(), seen, companion.options, companion.versions)
-            return replace(plan, companion=wanted, companion_seen=seen)
+            wanted = plan_firewall(sets.wanted(), seen, firewall.options, firewall.versions)
+            return replace(plan, firewall=wanted, firewall_seen=seen)
         except KernelError as exc:
-            return replace(plan, companion_error=str(exc))
+            return replace(plan, firewall_error=str(exc))
 
     def _plan_ipvs(self, observed: IpvsState, repairs: tuple[str, ...]) -> tuple[PassPlan, Desired]:
         desired = self.index.desired()
@@ -370,7 +359,7 @@ class Pipeline:
         return PassPlan(True, ipvs, desired.origins, repairs), desired
 
     def _refreshed_sets(
-        self, ipvs: Planned, access: Mapping[VSKey, Access], local: frozenset[IPAddress]
+        self, ipvs: IpvsPlan, access: Mapping[VSKey, Access], local: frozenset[IPAddress]
     ) -> SetIndex:
         """The set index brought up to the whole desired state of a full pass. From scratch
         the first time and when this node's endpoints or the bound addresses changed (they
@@ -398,22 +387,22 @@ class Pipeline:
         return served
 
     def _set_index(self) -> SetIndex:
-        assert self.companion is not None
+        assert self.firewall is not None
         if self._sets is None:
-            self._sets = SetIndex(versions=self.companion.versions)
+            self._sets = SetIndex(versions=self.firewall.versions)
         return self._sets
 
     def apply(self, planned: PassPlan) -> PassResult:
-        """Carry out a plan: IPVS first, then the companion sets and rules, then conntrack."""
+        """Carry out a plan: IPVS first, then the firewall sets and rules, then conntrack."""
         ipvs = planned.ipvs
         if planned.full:
             self.table.seed(ipvs.observed)
             self._observed_once = True
 
-        def write_ipvs() -> SyncResult:
+        def write_ipvs() -> IpvsResult:
             return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
 
-        result, gone = self._written(write_ipvs, ipvs, forget=self.companion is not None)
+        result, gone = self._written(write_ipvs, ipvs, forget=self.firewall is not None)
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
         refused = self.refusals.record(result.report.failures, planned.names)
@@ -424,12 +413,12 @@ class Pipeline:
             isinstance(f.error, NotFound | AlreadyExists) and not (touched((f.op,))[0] & refused)
             for f in result.report.failures
         )
-        written = _Written(error=planned.companion_error)
+        written = _Written(error=planned.firewall_error)
         forgotten = 0
-        if self.companion is not None:
-            written = self._timed_companion(planned)
+        if self.firewall is not None:
+            written = self._timed_firewall(planned)
             started = self.clock()
-            forgotten = forget_udp(self.companion.commands, gone)
+            forgotten = forget_udp(self.firewall.commands, gone)
             written = replace(written, seconds=written.seconds + self.clock() - started)
         restores = {  # one failed run fails every operation it carried: counted once
             id(f.error): f.error.version
@@ -452,8 +441,8 @@ class Pipeline:
         )
 
     def _written(
-        self, write: Callable[[], SyncResult], ipvs: Planned, *, forget: bool
-    ) -> tuple[SyncResult, Gone]:
+        self, write: Callable[[], IpvsResult], ipvs: IpvsPlan, *, forget: bool
+    ) -> tuple[IpvsResult, UdpFlows]:
         """The IPVS operations written and the table advanced by what the kernel took: the
         result and (`forget`) the UDP flows to forget."""
         result = write()
@@ -476,22 +465,22 @@ class Pipeline:
             log.error("fallback rules of changed access: %s", exc)
             self._observed_once = False
 
-    def _timed_companion(self, planned: PassPlan) -> _Written:
+    def _timed_firewall(self, planned: PassPlan) -> _Written:
         started = self.clock()
-        written = self._apply_companion(planned)
+        written = self._apply_firewall(planned)
         return replace(written, seconds=self.clock() - started)
 
-    def _apply_companion(self, planned: PassPlan) -> _Written:
-        """Write the companion's plan. After an error the set index no longer knows the
+    def _apply_firewall(self, planned: PassPlan) -> _Written:
+        """Write the firewall's plan. After an error the set index no longer knows the
         host: the next pass must be a full one."""
-        assert self.companion is not None
-        plan, error = planned.companion, planned.companion_error
+        assert self.firewall is not None
+        plan, error = planned.firewall, planned.firewall_error
         failed: tuple[int, ...] = ()
         try:
             if plan and not error:
-                self.companion.apply(plan)
-            if planned.companion_seen is not None and plan is not None and not error:
-                self._set_index().seed(host_after(planned.companion_seen.sets, plan.sets))
+                self.firewall.apply(plan)
+            if planned.firewall_seen is not None and plan is not None and not error:
+                self._set_index().seed(host_after(planned.firewall_seen.sets, plan.sets))
         except KernelError as exc:
             error = str(exc)
             failed = (exc.version,) if isinstance(exc, RestoreFailed) else ()
@@ -501,22 +490,22 @@ class Pipeline:
         return _Written(changes, error, failed)
 
 
-Gone = list[tuple[VSKey, RSKey | None]]  # conntrack.udp_gone(): UDP flows to forget
+UdpFlows = list[tuple[VSKey, RSKey | None]]  # conntrack.udp_gone(): UDP flows to forget
 
 
 @dataclass(frozen=True, slots=True)
 class _Observation:
-    """What a full pass plans against (Pipeline._observe)."""
+    """What a full pass plans against (Proxier._observe)."""
 
     ipvs: IpvsState
     repairs: tuple[str, ...]  # the backend's damage to rewrite (Kernel.damage)
-    companion: Observed | None  # None: no companion this pass, or its reading failed
-    companion_error: str = ""  # why the companion's sets and chains could not be read
+    firewall: Observed | None  # None: no firewall this pass, or its reading failed
+    firewall_error: str = ""  # why the firewall's sets and chains could not be read
 
 
 @dataclass(frozen=True, slots=True)
 class _Written:
-    """What one pass's companion step did."""
+    """What one pass's firewall step did."""
 
     changes: int = 0  # set entries and rules written
     error: str = ""  # why it failed ("" = it did not)

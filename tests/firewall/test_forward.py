@@ -1,4 +1,4 @@
-"""Issue 15 items 1 and 3 in the companion's rules: the node's own connections from a VIP
+"""Issue 15 items 1 and 3 in the firewall's rules: the node's own connections from a VIP
 are masqueraded without local detection, and the filter table's forwarding chain lets
 Service traffic through a host whose FORWARD policy is DROP."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ipaddress import ip_network
 
-from ipvsproxy.companion.kernel import JUMPS, Observed, plan_companion
-from ipvsproxy.companion.rules import FORWARD, OUTPUT, SERVICES, LocalMode, Options, render
-from ipvsproxy.companion.sets import SetState
+from ipvsproxy.firewall.kernel import JUMPS, Observed, plan_firewall
+from ipvsproxy.firewall.rules import FORWARD, OUTPUT, SERVICES, LocalMode, Options, render
+from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal
 
@@ -56,7 +56,7 @@ def test_the_forward_chain_is_kube_proxy_s_kube_forward():
 
 
 def test_a_cold_host_gets_the_forward_chain_and_its_jump_inserted_at_the_top():
-    plan = plan_companion(SetState({}), Observed(SetState({}), {}), Options())
+    plan = plan_firewall(SetState({}), Observed(SetState({}), {}), Options())
     filters = [payload for _, table, payload in plan.restores if table == "filter"]
     assert len(filters) == 2  # both families
     for payload in filters:
@@ -71,12 +71,12 @@ def test_a_cold_host_gets_the_forward_chain_and_its_jump_inserted_at_the_top():
 def test_a_deleted_forward_rule_or_jump_is_repaired_and_cleanup_removes_both():
     rendered = {v: render(v, Options()) for v in (4, 6)}
     whole = {(v, t): Saved(rs.chains, JUMPS[t]) for v in (4, 6) for t, rs in rendered[v].items()}
-    assert not plan_companion(SetState({}), Observed(SetState({}), whole), Options()).restores
+    assert not plan_firewall(SetState({}), Observed(SetState({}), whole), Options()).restores
     chains = dict(rendered[4]["filter"].chains)
     chains[FORWARD] = chains[FORWARD][1:]
     damaged = dict(whole)
     damaged[4, "filter"] = Saved(chains, JUMPS["filter"][:1])  # a rule and the jump gone
-    plan = plan_companion(SetState({}), Observed(SetState({}), damaged), Options())
+    plan = plan_firewall(SetState({}), Observed(SetState({}), damaged), Options())
     ((version, table, payload),) = plan.restores
     assert (version, table) == (4, "filter")
     assert "-A IPVSPROXY-FORWARD -m conntrack --ctstate INVALID -j DROP" in payload

@@ -13,7 +13,7 @@ with IPSET_ATTR_PROTOCOL 7; IPSET_FLAG_LIST_SETNAME lists names only.
 
 `IpsetSocket` (the socket, request headers, replies) is shared with nlwrite.SetWriter.
 
-Imports: companion.sets, errors, the standard library (no pyroute2: see pyproject's contracts).
+Imports: firewall.sets, errors, the standard library (no pyroute2: see pyproject's contracts).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import struct
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv6Address
 
-from ipvsproxy.companion.sets import SET_PREFIX, SetState
 from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.sets import SET_PREFIX, SetState
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_IPSET = 6

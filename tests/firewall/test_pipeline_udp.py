@@ -1,16 +1,16 @@
-"""The pipeline forgets UDP flows that cached a black hole (issue 15 item 9): when a UDP
+"""The proxier forgets UDP flows that cached a black hole (issue 15 item 9): when a UDP
 virtual server gets its first endpoint in a partial pass, its flows are deleted in the same
 single `conntrack -R -` batch as those of removed endpoints."""
 
 from __future__ import annotations
 
-from ipvsproxy.companion.kernel import Companion
 from ipvsproxy.config import Config
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.companion.test_scale import FakeHost
 from tests.factories import ep, node, port, service, slice_
+from tests.firewall.test_scale import FakeHost
 
 CONFIG = Config(node_name="node-a")
 
@@ -23,12 +23,12 @@ def test_a_udp_service_s_first_endpoint_forgets_its_flows_in_one_batch():
     tracker.replace(SERVICE, [dns])
     tracker.replace(SLICE, [slice_("dns", ports=ports, endpoints=[])])
     host = FakeHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
-    pipeline.sync(tracker.take(), full=True)
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=FakeKernel(), config=CONFIG, firewall=firewall)
+    proxier.sync(tracker.take(), full=True)
     host.ran.clear()
     tracker.event(SLICE, "MODIFIED", slice_("dns", ports=ports, endpoints=[ep("10.244.0.9")]))
-    result = pipeline.sync(tracker.take(), full=False)
+    result = proxier.sync(tracker.take(), full=False)
     assert result.forgotten == 1
     assert [args for args in host.ran if args[0] == "conntrack"] == [["conntrack", "-R", "-"]]
     tracker.event(
@@ -37,5 +37,5 @@ def test_a_udp_service_s_first_endpoint_forgets_its_flows_in_one_batch():
         slice_("dns", ports=ports, endpoints=[ep("10.244.0.9"), ep("10.244.0.8")]),
     )
     host.ran.clear()
-    assert pipeline.sync(tracker.take(), full=False).forgotten == 0  # not its first one
+    assert proxier.sync(tracker.take(), full=False).forgotten == 0  # not its first one
     assert not [args for args in host.ran if args[0] == "conntrack"]

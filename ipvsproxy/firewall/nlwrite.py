@@ -18,7 +18,7 @@ set revision is the kernel's newest (IPSET_CMD_TYPE), at most the newest the ips
 Order: what was sent before a SWAP is acknowledged before the SWAP is sent, and nothing is
 sent after an error: a temporary set only filled in part is never swapped in.
 
-Imports: companion.ipset, companion.nlread, errors, the standard library.
+Imports: firewall.ipset, firewall.nlread, errors, the standard library.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ipvsproxy.companion.ipset import PROTOCOL_NUMBERS, SetCommand
-from ipvsproxy.companion.nlread import (
+from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.ipset import PROTOCOL_NUMBERS, SetCommand
+from ipvsproxy.firewall.nlread import (
     _ATTR,
     ATTR_ADT,
     ATTR_CIDR,
@@ -59,7 +60,6 @@ from ipvsproxy.companion.nlread import (
     _attr,
     _attrs,
 )
-from ipvsproxy.errors import KernelError
 
 NLM_F_ACK, NLM_F_CREATE = 0x4, 0x400
 NLA_F_NESTED, NLA_F_NET_BYTEORDER = 0x8000, 0x4000
@@ -164,7 +164,7 @@ def _any_entry(parts: list[str]) -> bytes:
 # The attribute headers of an IPv4 entry without a prefix length (`ip,proto:port[,ip2]`:
 # nearly every entry ipvsproxy writes, 5,500 in a cold sync at 1000x10), so that such an
 # entry is a few concatenations instead of a dozen calls (`encode_entry`'s general path,
-# which tests/companion/test_nlwrite.py checks it against).
+# which tests/firewall/test_nlwrite.py checks it against).
 _V4_IP = _ATTR.pack(12, ATTR_IP | NLA_F_NESTED) + _ATTR.pack(8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER)
 _V4_IP2 = _ATTR.pack(12, ATTR_IP2 | NLA_F_NESTED) + _ATTR.pack(8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER)
 _PORT = _ATTR.pack(6, ATTR_PORT | NLA_F_NET_BYTEORDER)

@@ -1,9 +1,9 @@
-"""The ipsets the companion rules match, and their wanted entries (pure).
+"""The ipsets the firewall rules match, and their wanted entries (pure).
 
 Owns: the set names (all `IPVSPROXY-*`, `-6` for IPv6), their types, `entries_for()` (the
 entries one virtual server contributes) and `wanted()` (their union over the IPVS state), spelt
 as `ipset save` prints them, so wanted and observed sets compare as text. The full path
-(`wanted()`) and the incremental one (`companion.index.SetIndex`, fed per virtual server) are
+(`wanted()`) and the incremental one (`firewall.index.SetIndex`, fed per virtual server) are
 both built on `entries_for()`, so they agree by construction. The rules stay constant; only
 these entries grow with the number of Services.
 

@@ -1,6 +1,6 @@
-"""The one pipeline with the companion: full passes observe the host, partial passes only write.
+"""The one proxier with the firewall: full passes observe the host, partial passes only write.
 
-FakeKernel for IPVS and the companion tests' FakeHost for ipset/iptables (it fails like the
+FakeKernel for IPVS and the firewall tests' FakeHost for ipset/iptables (it fails like the
 tools do). After every pass the host's sets equal what a from-scratch computation of the
 final objects wants; a partial pass runs at most one `ipset restore` (and no observation).
 """
@@ -15,15 +15,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.companion.kernel import Companion
-from ipvsproxy.companion.sets import wanted
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.sets import wanted
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.companion.test_scale import FakeHost
 from tests.factories import ep, node, port, service, slice_, translate
+from tests.firewall.test_scale import FakeHost
 from tests.strategies import foreign_states, states
 from tests.sync.test_plan import OWN
 
@@ -52,15 +52,15 @@ def feed(tracker: Tracker, objs: list[dict[str, Any]]) -> None:
         tracker.replace(kind, [o for o in objs if o["kind"] == kind])
 
 
-def test_full_then_partial_passes_keep_the_companion_sets_exact_without_observing():
+def test_full_then_partial_passes_keep_the_firewall_sets_exact_without_observing():
     host = FakeHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion)
+    proxier = Proxier(kernel=kernel, config=CONFIG, firewall=firewall)
     tracker = Tracker(node_name="node-a")
     objs = objects(5)
     feed(tracker, objs)
-    result = pipeline.sync(tracker.take(), full=False)  # the first pass is full anyway
+    result = proxier.sync(tracker.take(), full=False)  # the first pass is full anyway
     assert result.full
     assert result.ok
     assert host.held() == host_wants(objs)
@@ -70,7 +70,7 @@ def test_full_then_partial_passes_keep_the_companion_sets_exact_without_observin
     for step in (objects(6), objects(300), objects(120), objects(121), objects(4, moved=True)):
         host.ran.clear()
         feed(tracker, step)
-        result = pipeline.sync(tracker.take(), full=False)
+        result = proxier.sync(tracker.take(), full=False)
         assert not result.full
         assert result.ok
         assert host.ran == [["ipset", "restore", "-exist"]]  # no list, no save, no iptables
@@ -78,7 +78,7 @@ def test_full_then_partial_passes_keep_the_companion_sets_exact_without_observin
         assert host.held() == host_wants(step)
 
     host.ran.clear()
-    result = pipeline.sync(tracker.take(), full=False)  # nothing changed: nothing runs
+    result = proxier.sync(tracker.take(), full=False)  # nothing changed: nothing runs
     assert host.ran == []
     assert result.sync.plan == ()
 
@@ -93,40 +93,40 @@ class FailingHost(FakeHost):
             raise KernelError(f"{args[0]} failed: {exc}") from exc
 
 
-def test_a_failed_companion_write_makes_the_next_pass_full():
+def test_a_failed_firewall_write_makes_the_next_pass_full():
     host = FailingHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=FakeKernel(), config=CONFIG, firewall=firewall)
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(2))
-    pipeline.sync(tracker.take(), full=True)
+    proxier.sync(tracker.take(), full=True)
     del host.sets["IPVSPROXY-CLUSTER-IP"]  # someone destroys a set: the write fails
     feed(tracker, objects(3))
-    result = pipeline.sync(tracker.take(), full=False)
-    assert result.companion_error
-    result = pipeline.sync(tracker.take(), full=False)
+    result = proxier.sync(tracker.take(), full=False)
+    assert result.firewall_error
+    result = proxier.sync(tracker.take(), full=False)
     assert result.full  # observed again, and repaired
     assert result.ok
     assert host.held() == host_wants(objects(3))
 
 
 class Ordered(FakeKernel):
-    """A FakeKernel that records, in one list with the companion's, when it reads and writes."""
+    """A FakeKernel that records, in one list with the firewall's, when it reads and writes."""
 
-    def __init__(self, companion: Companion) -> None:
+    def __init__(self, firewall: Firewall) -> None:
         super().__init__()
         self.steps: list[str] = []
-        observe, apply = companion.observe, companion.apply
+        observe, apply = firewall.observe, firewall.apply
 
         def observing() -> Any:
-            self.steps.append("companion read")
+            self.steps.append("firewall read")
             return observe()
 
         def applying(plan: Any) -> None:
-            self.steps.append("companion wrote")
+            self.steps.append("firewall wrote")
             apply(plan)
 
-        companion.observe, companion.apply = observing, applying  # type: ignore[method-assign]
+        firewall.observe, firewall.apply = observing, applying  # type: ignore[method-assign]
 
     def observe(self) -> Any:
         self.steps.append("ipvs read")
@@ -137,26 +137,26 @@ class Ordered(FakeKernel):
         return super().apply(plan, names=names)
 
 
-def test_a_pass_writes_ipvs_first_then_the_companion():
+def test_a_pass_writes_ipvs_first_then_the_firewall():
     """kube-proxy's order: the IPVS table, then the rules and sets; a partial pass reads
     nothing."""
     host = FakeHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    kernel = Ordered(companion)
-    pipeline = Pipeline(kernel=kernel, config=CONFIG, companion=companion)
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    kernel = Ordered(firewall)
+    proxier = Proxier(kernel=kernel, config=CONFIG, firewall=firewall)
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(3))
-    result = pipeline.sync(tracker.take(), full=True)
-    assert kernel.steps == ["ipvs read", "companion read", "ipvs wrote", "companion wrote"]
+    result = proxier.sync(tracker.take(), full=True)
+    assert kernel.steps == ["ipvs read", "firewall read", "ipvs wrote", "firewall wrote"]
     assert result.ok
-    assert result.companion_changes
+    assert result.firewall_changes
     assert host.held() == host_wants(objects(3))
     assert len(kernel.state.services) == 3
 
     kernel.steps = []
     feed(tracker, objects(4))
-    result = pipeline.sync(tracker.take(), full=False)
-    assert kernel.steps == ["ipvs wrote", "companion wrote"]
+    result = proxier.sync(tracker.take(), full=False)
+    assert kernel.steps == ["ipvs wrote", "firewall wrote"]
     assert result.ok
     assert host.held() == host_wants(objects(4))
 
@@ -170,30 +170,30 @@ class RefusingHost(FailingHost):
         return super().run(args, stdin=stdin)
 
 
-def test_a_failed_companion_restore_in_a_full_pass_is_reported_with_its_ip_version():
-    """The companion's iptables-restore fails while the IPVS part is applied all the same;
+def test_a_failed_firewall_restore_in_a_full_pass_is_reported_with_its_ip_version():
+    """The firewall's iptables-restore fails while the IPVS part is applied all the same;
     PassResult.restore_failed (kube-proxy's iptables_restore_failures_total) names its IP
-    version; the next pass observes again. Any other companion failure is an error but no
+    version; the next pass observes again. Any other firewall failure is an error but no
     restore failure."""
     host = RefusingHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=FakeKernel(), config=CONFIG, companion=companion)
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=FakeKernel(), config=CONFIG, firewall=firewall)
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(2))
     host.refuse_restore = True
-    result = pipeline.sync(tracker.take(), full=True)
-    assert "refused" in result.companion_error
+    result = proxier.sync(tracker.take(), full=True)
+    assert "refused" in result.firewall_error
     assert result.restore_failed == (4,)
-    assert len(pipeline.kernel.observe().services) == 2
+    assert len(proxier.kernel.observe().services) == 2
     host.refuse_restore = False
-    result = pipeline.sync(tracker.take(), full=False)
+    result = proxier.sync(tracker.take(), full=False)
     assert result.full  # the host is unknown after the error: observed again
     assert result.ok
 
     del host.sets["IPVSPROXY-CLUSTER-IP"]  # the ipset write fails
     feed(tracker, objects(3))
-    result = pipeline.sync(tracker.take(), full=False)
-    assert "ipset" in result.companion_error
+    result = proxier.sync(tracker.take(), full=False)
+    assert "ipset" in result.firewall_error
     assert result.restore_failed == ()
 
 
@@ -203,14 +203,14 @@ def test_the_fallback_failed_restore_counts_once_however_many_operations_it_carr
 
     commands = ScriptedCommands()
     kernel = IptablesKernel(commands=commands)
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(3))
     commands.fail.add("iptables-restore")
-    result = pipeline.sync(tracker.take(), full=True)
+    result = proxier.sync(tracker.take(), full=True)
     assert len(result.sync.report.failures) > 3
     assert result.restore_failed == (4,)
-    result = pipeline.sync(tracker.take(), full=True)  # the tool works again
+    result = proxier.sync(tracker.take(), full=True)  # the tool works again
     assert result.ok
     assert result.restore_failed == ()
 
@@ -218,14 +218,14 @@ def test_the_fallback_failed_restore_counts_once_however_many_operations_it_carr
 @settings(max_examples=200, deadline=None)
 @given(states(), states())
 def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, after):
-    """pipeline.Table (what partial passes plan against) follows every operation type as the
+    """proxier.KnownTable (what partial passes plan against) follows every operation type as the
     kernel executes it (`model.transition`): from any state, a plan to any other."""
     from ipvsproxy.model import transition
-    from ipvsproxy.pipeline import Table
+    from ipvsproxy.proxier import KnownTable
     from ipvsproxy.sync.plan import plan
 
     ops = plan(after, before, ownership=OWN)
-    table = Table()
+    table = KnownTable()
     seen = copy.deepcopy(before)
     table.seed(before)
     table.advance(ops)
@@ -247,8 +247,8 @@ def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, 
 # ---- refused operations: the table holds what the kernel took -----------------------------
 
 
-def _table_of(pipeline: Pipeline) -> Any:
-    table = pipeline.table
+def _table_of(proxier: Proxier) -> Any:
+    table = proxier.table
     return table.services, table.dests, table.bound
 
 
@@ -263,28 +263,28 @@ def _kernel_of(kernel: FakeKernel) -> Any:
 
 @contextmanager
 def refusing(objs: list[dict[str, Any]], refused: set[int]) -> Iterator[tuple[Any, ...]]:
-    """(kernel, pipeline, planned): a pipeline fed `objs` with its full pass planned, the
+    """(kernel, proxier, planned): a proxier fed `objs` with its full pass planned, the
     kernel refusing the operations at the indices in `refused`."""
     kernel = FakeKernel()
-    pipeline = Pipeline(kernel=kernel, config=CONFIG)
+    proxier = Proxier(kernel=kernel, config=CONFIG)
     tracker = Tracker(node_name="node-a")
     feed(tracker, objs)
-    pipeline.feed(tracker.take())
-    planned = pipeline.plan(full=True)
+    proxier.feed(tracker.take())
+    planned = proxier.plan(full=True)
     for index in refused:
         if index < len(planned.ipvs.plan):
             kernel.errors[planned.ipvs.plan[index]] = KernelError("refused")
-    yield kernel, pipeline, planned
+    yield kernel, proxier, planned
 
 
 @settings(max_examples=50, deadline=None)
 @given(refused=st.sets(st.integers(0, 40), max_size=6))
 def test_a_full_pass_with_refused_operations_records_only_what_the_kernel_took(refused):
     """The kernel refuses some: the table is what it holds."""
-    with refusing(objects(4), refused) as (kernel, pipeline, planned):
-        result = pipeline.apply(planned)
+    with refusing(objects(4), refused) as (kernel, proxier, planned):
+        result = proxier.apply(planned)
         assert result.sync.report.failures or not any(i < len(planned.ipvs.plan) for i in refused)
-        assert _table_of(pipeline) == _kernel_of(kernel)
+        assert _table_of(proxier) == _kernel_of(kernel)
 
 
 def udp_objects(n: int) -> list[dict[str, Any]]:
@@ -302,13 +302,13 @@ def udp_objects(n: int) -> list[dict[str, Any]]:
 def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
     """The UDP virtual servers that got a first endpoint the kernel did take
     (conntrack.udp_gone), whatever it refused."""
-    from ipvsproxy.companion.conntrack import udp_gone
-    from ipvsproxy.sync.engine import apply_pass
+    from ipvsproxy.firewall.conntrack import udp_gone
+    from ipvsproxy.sync.ipvs_pass import apply_pass
 
-    with refusing(udp_objects(4), refused) as (kernel, pipeline, planned):
+    with refusing(udp_objects(4), refused) as (kernel, proxier, planned):
         ipvs = planned.ipvs
-        pipeline.table.seed(ipvs.observed)
-        result, gone = pipeline._written(
+        proxier.table.seed(ipvs.observed)
+        result, gone = proxier._written(
             lambda: apply_pass(kernel, ipvs, names={}), ipvs, forget=True
         )
         failed = {f.op for f in result.report.failures}
@@ -326,7 +326,7 @@ def test_the_table_advances_as_the_kernel_and_never_changes_what_it_was_seeded_f
     (someone else's virtual servers too) to any other, addresses managed or not, the table
     holds what the kernel then holds; the observation it shares maps with is unchanged."""
     from ipvsproxy.model import IpvsState
-    from ipvsproxy.pipeline import Table
+    from ipvsproxy.proxier import KnownTable
     from ipvsproxy.sync.plan import plan
 
     before = IpvsState(  # the foreign virtual servers' addresses not on our device
@@ -334,7 +334,7 @@ def test_the_table_advances_as_the_kernel_and_never_changes_what_it_was_seeded_f
     )
     kept = copy.deepcopy(before)
     ops = plan(after, before, ownership=OWN, manage_addresses=bound)
-    table = Table()
+    table = KnownTable()
     table.seed(before)
     table.advance(ops)
     kernel = FakeKernel(copy.deepcopy(before))

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipvsproxy.companion import nlwrite
-from ipvsproxy.companion.ipset import SetChange, SetCommand, set_commands
-from ipvsproxy.companion.kernel import Companion, CompanionPlan
-from ipvsproxy.companion.nlread import _attrs
-from ipvsproxy.companion.nlwrite import ADT_BYTES, SetWriter, encode_entry
 from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall import nlwrite
+from ipvsproxy.firewall.ipset import SetChange, SetCommand, set_commands
+from ipvsproxy.firewall.kernel import Firewall, FirewallPlan
+from ipvsproxy.firewall.nlread import _attrs
+from ipvsproxy.firewall.nlwrite import ADT_BYTES, SetWriter, encode_entry
 
 HEADER = struct.Struct("=IHHII")
 CREATE, DESTROY, SWAP, ADD, DEL, TYPE = 2, 3, 6, 9, 10, 13
@@ -198,12 +198,12 @@ class NoProcess:
         return ""
 
 
-def test_a_companion_with_a_writer_runs_no_ipset_process():
+def test_a_firewall_with_a_writer_runs_no_ipset_process():
     recording = RecordingWriter()
-    companion = Companion(commands=NoProcess(), writer=recording)  # type: ignore[arg-type]
+    firewall = Firewall(commands=NoProcess(), writer=recording)  # type: ignore[arg-type]
     change = SetChange("IPVSPROXY-VIPS", "hash:ip", 4, create=True, add=("10.0.0.1",))
-    companion.apply(CompanionPlan(sets=(change,), stale_sets=("IPVSPROXY-OLD",)))
-    assert companion.write_sets([change]) == 2
+    firewall.apply(FirewallPlan(sets=(change,), stale_sets=("IPVSPROXY-OLD",)))
+    assert firewall.write_sets([change]) == 2
     assert recording.written == [
         set_commands([change]),
         [SetCommand("destroy", "IPVSPROXY-OLD")],

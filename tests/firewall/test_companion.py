@@ -1,4 +1,4 @@
-"""The companion rules' pure core: set entries, constant rules, plans, ipset scripts."""
+"""The firewall rules' pure core: set entries, constant rules, plans, ipset scripts."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from pathlib import Path
 from hypothesis import given, settings
 
 from ipvsproxy.agent import desired_from_manifests
-from ipvsproxy.companion.ipset import SetCommand
-from ipvsproxy.companion.kernel import (
+from ipvsproxy.config import Config
+from ipvsproxy.firewall.ipset import SetCommand
+from ipvsproxy.firewall.kernel import (
     BULK,
     JUMPS,
-    CompanionPlan,
+    FirewallPlan,
     Observed,
     ipset_script,
     parse_ipset_save,
-    plan_companion,
+    plan_firewall,
 )
-from ipvsproxy.companion.rules import LocalMode, Options, render
-from ipvsproxy.companion.sets import SetState, all_sets, wanted
-from ipvsproxy.config import Config
+from ipvsproxy.firewall.rules import LocalMode, Options, render
+from ipvsproxy.firewall.sets import SetState, all_sets, wanted
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
 from ipvsproxy.sync.desired import Access, Reach
@@ -117,7 +117,7 @@ def observed_from(sets: SetState, options: Options) -> Observed:
 def test_a_plan_reaches_the_wanted_sets_and_then_there_is_nothing_to_do(before, after):
     options = Options()
     old, new = wanted(before, {}), wanted(after, {})
-    plan = plan_companion(new, observed_from(old, options), options)
+    plan = plan_firewall(new, observed_from(old, options), options)
     assert plan.restores == ()  # the rules are constant
     result = {n: set(e) for n, (_, _, e) in old.sets.items()}
     for change in plan.sets:
@@ -129,12 +129,12 @@ def test_a_plan_reaches_the_wanted_sets_and_then_there_is_nothing_to_do(before, 
     assert {n: frozenset(e) for n, e in result.items()} == {
         n: e for n, (_, _, e) in new.sets.items()
     }
-    assert not plan_companion(new, observed_from(new, options), options)
+    assert not plan_firewall(new, observed_from(new, options), options)
 
 
 def test_a_cold_host_gets_every_set_created_then_rules_and_jumps():
     sets = wanted(IpvsState(), {})
-    plan = plan_companion(sets, Observed(SetState({}), {}), Options())
+    plan = plan_firewall(sets, Observed(SetState({}), {}), Options())
     assert {c.name for c in plan.sets} == {name for name, _, _ in all_sets()}
     assert all(c.create for c in plan.sets)
     assert len(plan.restores) == 4  # nat and filter, both families
@@ -153,7 +153,7 @@ def test_many_changes_to_one_set_are_swapped_in():
     keys = [VSKey(ip_address(f"10.96.1.{n}"), 80, Proto.TCP) for n in range(BULK + 1)]
     state = state_of({VirtualServer(k): [] for k in keys}, bound=frozenset(k.address for k in keys))
     old = wanted(IpvsState(), {})
-    plan = plan_companion(wanted(state, {}), Observed(old, {}), Options())
+    plan = plan_firewall(wanted(state, {}), Observed(old, {}), Options())
     cluster = next(c for c in plan.sets if c.name == "IPVSPROXY-CLUSTER-IP")
     assert cluster.swap
     script = ipset_script((cluster,))
@@ -202,7 +202,7 @@ class RecordingCommands:
 
 
 def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
-    from ipvsproxy.companion.conntrack import forget_udp, udp_gone
+    from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
     from ipvsproxy.model import DeleteDest, DeleteService
 
     udp = VSKey(ip_address("10.96.0.53"), 53, Proto.UDP)
@@ -225,15 +225,15 @@ def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
     assert commands.fed == []  # nothing to delete: no process
 
 
-def test_the_companion_restores_wait_for_the_xtables_lock():
-    """Every `iptables-restore` the companion runs (apply and cleanup) waits for the lock
+def test_the_firewall_restores_wait_for_the_xtables_lock():
+    """Every `iptables-restore` the firewall runs (apply and cleanup) waits for the lock
     as kube-proxy's does: `-w 5 -W 100000`."""
-    from ipvsproxy.companion.kernel import Companion, CompanionPlan
+    from ipvsproxy.firewall.kernel import Firewall, FirewallPlan
 
     commands = RecordingCommands()
-    companion = Companion(commands=commands)  # type: ignore[arg-type]
-    companion.apply(CompanionPlan(restores=((4, "nat", "*nat\nCOMMIT\n"),)))
-    companion.apply(CompanionPlan(restores=((6, "filter", "*filter\nCOMMIT\n"),)))
+    firewall = Firewall(commands=commands)  # type: ignore[arg-type]
+    firewall.apply(FirewallPlan(restores=((4, "nat", "*nat\nCOMMIT\n"),)))
+    firewall.apply(FirewallPlan(restores=((6, "filter", "*filter\nCOMMIT\n"),)))
     restores = [args for args in commands.ran if args[0].endswith("tables-restore")]
     assert restores == [
         ["iptables-restore", "-w", "5", "-W", "100000", "--noflush"],
@@ -261,7 +261,7 @@ class OrderHost(RecordingCommands):
         return 1
 
 
-def _plan_on(observed: Observed) -> CompanionPlan:
+def _plan_on(observed: Observed) -> FirewallPlan:
     state = state_of(
         {
             VirtualServer(VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)): [
@@ -271,13 +271,13 @@ def _plan_on(observed: Observed) -> CompanionPlan:
         bound=frozenset({ip_address("10.96.0.10")}),
     )
     sets = wanted(state, {}, local=frozenset({ip_address("10.244.1.2")}))
-    return plan_companion(sets, observed, Options(), versions=(4,))
+    return plan_firewall(sets, observed, Options(), versions=(4,))
 
 
 def test_sets_are_created_and_filled_before_the_rules_that_match_them():
     """On a fresh host and on one holding any of ours alike: no rule ever matches a set
     that is missing or not yet filled."""
-    from ipvsproxy.companion.kernel import Companion
+    from ipvsproxy.firewall.kernel import Firewall
 
     fresh = _plan_on(Observed(SetState({}), {}))
     one_set = fresh.sets[0]
@@ -290,8 +290,8 @@ def test_sets_are_created_and_filled_before_the_rules_that_match_them():
     ):
         plan = _plan_on(observed)
         host = OrderHost()
-        companion = Companion(commands=host, writer=host, versions=(4,))  # type: ignore[arg-type]
-        companion.apply(plan)
+        firewall = Firewall(commands=host, writer=host, versions=(4,))  # type: ignore[arg-type]
+        firewall.apply(plan)
         restores = [i for i, verbs in enumerate(host.writes) if verbs == ("restore",)]
         entries = [i for i, verbs in enumerate(host.writes) if "add" in verbs]
         assert entries

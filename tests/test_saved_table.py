@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ipvsproxy.errors import StateParseError
-from ipvsproxy.ipvsadm import parse_save, render_save
 from ipvsproxy.model import Forward, Proto, RealServer, RSKey, ServiceFlags, VirtualServer, VSKey
+from ipvsproxy.saved_table import parse_save, render_save
 from ipvsproxy.schedulers import Scheduler
 from tests.strategies import foreign_states, merge, states
 

@@ -1,10 +1,10 @@
 """An externalIP that is one of the node's own addresses (issue 15 item 2): served, but not
-bound to the dummy device and not a VIP, so the companion's port filter (VIPS /
+bound to the dummy device and not a VIP, so the firewall's port filter (VIPS /
 SERVICE-PORTS) does not fence the node's other ports (SSH, kubelet, apiserver)."""
 
 from __future__ import annotations
 
-from ipvsproxy.companion.sets import wanted
+from ipvsproxy.firewall.sets import wanted
 from tests.factories import ep, node, port, service, slice_, translate
 
 

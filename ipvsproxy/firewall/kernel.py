@@ -1,13 +1,13 @@
-"""The companion rules and ipsets on the live host: observe, plan, apply, clean up.
+"""The firewall rules and ipsets on the live host: observe, plan, apply, clean up.
 
-Owns: `Companion` (reads ipvsproxy's sets over netlink with a `SetReader`, else by name:
+Owns: `Firewall` (reads ipvsproxy's sets over netlink with a `SetReader`, else by name:
 `ipset list -n`, then one `ipset restore` of `save NAME` lines for the `IPVSPROXY-*` ones
 only, never other agents' sets; its chains with
 `iptables-save`; writes set changes over netlink with a `SetWriter`, else as one
 `ipset restore` batch and chain changes as one
-`iptables-restore --noflush` transaction per family and table), `plan_companion()` (pure:
-observed vs wanted -> `CompanionPlan`, with its description for `diff`), and
-`Companion.write_sets()`, the incremental path's only host access: one `ipset restore` of
+`iptables-restore --noflush` transaction per family and table), `plan_firewall()` (pure:
+observed vs wanted -> `FirewallPlan`, with its description for `diff`), and
+`Firewall.write_sets()`, the incremental path's only host access: one `ipset restore` of
 changes a `SetIndex` computed, without observing anything.
 
 Why the ipset tool and not pyroute2: pyroute2's IPSet sends one netlink request per entry
@@ -18,8 +18,8 @@ are written; a set with many changes is rebuilt as a temporary set and swapped i
 atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
 sets they reference.
 
-Imports: companion.sets, companion.ipset, companion.nlread, companion.nlwrite,
-companion.rules, iptables (its parser, transaction and Commands), errors, the
+Imports: firewall.sets, firewall.ipset, firewall.nlread, firewall.nlwrite,
+firewall.rules, iptables (its parser, transaction and Commands), errors, the
 standard library.
 """
 
@@ -29,7 +29,8 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ipvsproxy.companion.ipset import (
+from ipvsproxy.errors import KernelError, KernelUnavailable
+from ipvsproxy.firewall.ipset import (
     BULK,
     DEFAULT_MAXELEM,
     Header,
@@ -46,11 +47,10 @@ from ipvsproxy.companion.ipset import (
     set_commands,
     too_small,
 )
-from ipvsproxy.companion.nlread import SetReader
-from ipvsproxy.companion.nlwrite import SetWriter
-from ipvsproxy.companion.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
-from ipvsproxy.companion.sets import SetState
-from ipvsproxy.errors import KernelError, KernelUnavailable
+from ipvsproxy.firewall.nlread import SetReader
+from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.firewall.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
+from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
@@ -58,13 +58,13 @@ from ipvsproxy.iptables.transaction import removal, transaction
 
 __all__ = [
     "BULK",
-    "Companion",
-    "CompanionPlan",
+    "Firewall",
+    "FirewallPlan",
     "Observed",
     "SetChange",
     "ipset_script",
     "parse_ipset_save",
-    "plan_companion",
+    "plan_firewall",
 ]
 JUMPS = {"nat": NAT_JUMPS, "filter": FILTER_JUMPS}
 TABLES = ("nat", "filter")
@@ -77,7 +77,7 @@ class Observed:
 
 
 @dataclass(frozen=True, slots=True)
-class CompanionPlan:
+class FirewallPlan:
     sets: tuple[SetChange, ...] = ()
     restores: tuple[tuple[int, str, str], ...] = ()  # (IP version, table, restore input)
     stale_sets: tuple[str, ...] = ()  # ipvsproxy's, no longer used: destroyed after rules
@@ -108,9 +108,9 @@ class CompanionPlan:
         return out
 
 
-def plan_companion(
+def plan_firewall(
     wanted: SetState, observed: Observed, options: Options, versions: tuple[int, ...] = (4, 6)
-) -> CompanionPlan:
+) -> FirewallPlan:
     """What to change so that the host has exactly the wanted sets and rules."""
     changes = []
     for name, (kind, version, entries) in sorted(wanted.sets.items()):
@@ -137,12 +137,12 @@ def plan_companion(
             if payload:
                 restores.append((version, table, payload))
     stale = tuple(sorted(set(observed.sets.sets) - set(wanted.sets)))
-    return CompanionPlan(tuple(changes), tuple(restores), stale)
+    return FirewallPlan(tuple(changes), tuple(restores), stale)
 
 
 @dataclass
-class Companion:
-    """ipvsproxy's companion sets and rules on this host (IPv6 only where ip6tables works)."""
+class Firewall:
+    """ipvsproxy's firewall sets and rules on this host (IPv6 only where ip6tables works)."""
 
     options: Options = field(default_factory=Options)
     commands: Commands = field(default_factory=Commands)
@@ -156,7 +156,7 @@ class Companion:
     # nf_tables' generation id, read before each save of the chains: unchanged since the
     # last save (and the tools are iptables-nft) -> the chains saved then still hold, and a
     # resync runs no `iptables-save` (see iptables/generation.py). Opened by check() for a
-    # companion with a netlink reader (the agent's, closed by close()), in the namespace the
+    # firewall with a netlink reader (the agent's, closed by close()), in the namespace the
     # tools run in (never with a `commands.prefix`).
     generation: RulesetGeneration | None = None
     _chains: tuple[int, Mapping[tuple[int, str], Saved]] | None = field(
@@ -170,7 +170,7 @@ class Companion:
                 sock.close()
 
     def required_tools(self) -> tuple[str, ...]:
-        """The programs the companion cannot work without: the IPv4 iptables tools (its
+        """The programs the firewall cannot work without: the IPv4 iptables tools (its
         rules go through iptables-save/-restore), and the ipset tool only where the sets
         cannot be read or written over netfilter netlink."""
         tools = TOOLS[4]
@@ -224,10 +224,10 @@ class Companion:
             return SetState({})
         return parse_ipset_save(self.commands.run(["ipset", "restore"], stdin=save_script(names)))
 
-    def plan(self, wanted: SetState) -> CompanionPlan:
-        return plan_companion(wanted, self.observe(), self.options, self.versions)
+    def plan(self, wanted: SetState) -> FirewallPlan:
+        return plan_firewall(wanted, self.observe(), self.options, self.versions)
 
-    def apply(self, plan: CompanionPlan) -> None:
+    def apply(self, plan: FirewallPlan) -> None:
         """Sets first, filled (the rules match them), then rules, then unused sets.
         KernelError."""
         self._write(set_commands(plan.sets))
@@ -259,7 +259,7 @@ class Companion:
         return sum(len(c.add) + len(c.delete) + c.create for c in changes)
 
     def cleanup(self, *, dry_run: bool = False) -> list[str]:
-        """Remove every companion chain, jump and set: rules before the sets they match."""
+        """Remove every firewall chain, jump and set: rules before the sets they match."""
         removed: list[str] = []
         observed = self.observe()
         for (version, table), saved in sorted(observed.chains.items()):

@@ -1,16 +1,16 @@
-"""The companion sets, kept per virtual server between full syncs (no host access).
+"""The firewall sets, kept per virtual server between full syncs (no host access).
 
-Owns: `SetIndex`. Between periodic full resyncs the sync pipeline knows which virtual servers
+Owns: `SetIndex`. Between periodic full resyncs the sync proxier knows which virtual servers
 changed, and must not observe the host: it gives the index each changed virtual server's
 entries (`entries_for()`, the function `wanted()` is built from, so both paths agree by
 construction), and `take()` returns only the set changes since the last take or seed, which
-`Companion.write_sets()` writes with one `ipset restore`.
+`Firewall.write_sets()` writes with one `ipset restore`.
 
 An entry can come from several virtual servers (a VIP with several ports is in VIPS once; an
 endpoint behind several Services is in LOOP-BACK once per port), so entries are reference
 counted: an entry leaves its set when the last virtual server that wanted it lets it go.
 
-Imports: companion.sets, companion.ipset, sync.desired (Access), model, the standard library.
+Imports: firewall.sets, firewall.ipset, sync.desired (Access), model, the standard library.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Container, Iterable, Iterator, Mapping
 from itertools import chain
 
-from ipvsproxy.companion.ipset import (
+from ipvsproxy.firewall.ipset import (
     BULK,
     DEFAULT_MAXELEM,
     Header,
@@ -27,7 +27,7 @@ from ipvsproxy.companion.ipset import (
     maxelem_for,
     too_small,
 )
-from ipvsproxy.companion.sets import Entry, SetState, all_sets, entries_for
+from ipvsproxy.firewall.sets import Entry, SetState, all_sets, entries_for
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
 from ipvsproxy.policy import FrontendPolicy, frontend_policy
 from ipvsproxy.sync.desired import Access
@@ -36,7 +36,7 @@ from ipvsproxy.sync.desired import Access
 class SetIndex:
     """Reference-counted entries per set, what each virtual server contributes, and what the
     host holds since the last `take()`/`seed()`. Sets of other IP versions than `versions`
-    are never written (no ip6tables on the host: no IPv6 companion)."""
+    are never written (no ip6tables on the host: no IPv6 firewall)."""
 
     def __init__(self, *, versions: tuple[int, ...] = (4, 6)) -> None:
         self._kinds = {name: (kind, v) for name, kind, v in all_sets() if v in versions}
@@ -119,7 +119,7 @@ class SetIndex:
         )
 
     def drifted(self, headers: Mapping[str, Header]) -> tuple[str, ...]:
-        """The sets whose observed headers (`Companion.observe_headers()`) differ from what
+        """The sets whose observed headers (`Firewall.observe_headers()`) differ from what
         the index believes the host holds after its last take: missing, another type, size
         or capacity, or a set of ours it does not know (a leftover). Any: run a full pass."""
         if self._seeded is not None:

@@ -1,4 +1,4 @@
-"""The companion at scale: set sizes, observation by name, the incremental SetIndex."""
+"""The firewall at scale: set sizes, observation by name, the incremental SetIndex."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from ipaddress import ip_address
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.companion.index import SetIndex
-from ipvsproxy.companion.ipset import (
+from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.ipset import (
     DEFAULT_MAXELEM,
     SetChange,
     hashsize_for,
@@ -17,9 +17,9 @@ from ipvsproxy.companion.ipset import (
     maxelem_for,
     too_small,
 )
-from ipvsproxy.companion.kernel import Companion, Observed, plan_companion
-from ipvsproxy.companion.rules import Options
-from ipvsproxy.companion.sets import SetState, entries_for, wanted
+from ipvsproxy.firewall.kernel import Firewall, Observed, plan_firewall
+from ipvsproxy.firewall.rules import Options
+from ipvsproxy.firewall.sets import SetState, entries_for, wanted
 from ipvsproxy.model import (
     IPAddress,
     IpvsState,
@@ -78,7 +78,7 @@ def test_a_set_too_small_for_what_is_wanted_is_rebuilt_bigger_and_swapped_in():
          for n, (kind, v, _) in want.sets.items()},
         {name: DEFAULT_MAXELEM},
     )  # fmt: skip
-    plan = plan_companion(want, Observed(observed, {}), Options())
+    plan = plan_firewall(want, Observed(observed, {}), Options())
     (change,) = [c for c in plan.sets if c.name == name]
     assert change.rebuild
     assert change.swap
@@ -92,7 +92,7 @@ def test_a_set_too_small_for_what_is_wanted_is_rebuilt_bigger_and_swapped_in():
     assert ("~", f"ipset rebuild {name} maxelem 131072") in plan.describe()
     # once big enough, nothing more to do
     bigger = SetState(observed.sets, {name: 131072})
-    assert not [c for c in plan_companion(want, Observed(bigger, {}), Options()).sets]
+    assert not [c for c in plan_firewall(want, Observed(bigger, {}), Options()).sets]
 
 
 def test_new_sets_are_created_sized_to_their_content():
@@ -113,7 +113,7 @@ def test_sets_are_observed_by_name_in_two_processes_without_other_agents_sets():
         "create IPVSPROXY-LOOP-BACK-T hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n"
     )
     commands = ScriptedCommands({("ipset", "list", "-n"): names, ("ipset", "restore"): saved})
-    observed = Companion(commands=commands).observe_sets()  # type: ignore[arg-type]
+    observed = Firewall(commands=commands).observe_sets()  # type: ignore[arg-type]
     assert commands.ran == [
         (["ipset", "list", "-n"], None),
         (["ipset", "restore"], "save IPVSPROXY-VIPS\nsave IPVSPROXY-LOOP-BACK-T\n"),
@@ -127,7 +127,7 @@ def test_sets_are_observed_by_name_in_two_processes_without_other_agents_sets():
 
 def test_a_host_without_our_sets_is_observed_with_one_process():
     commands = ScriptedCommands({("ipset", "list", "-n"): "KUBE-X\n"})
-    assert Companion(commands=commands).observe_sets() == SetState({})  # type: ignore[arg-type]
+    assert Firewall(commands=commands).observe_sets() == SetState({})  # type: ignore[arg-type]
     assert len(commands.ran) == 1
 
 
@@ -136,14 +136,14 @@ def test_write_sets_is_one_ipset_restore_and_nothing_else():
     key = VSKey(ip_address("10.96.0.1"), 80, Proto.TCP)
     index.update(key, entries_for(key, None, [], local=(), bound=True))
     commands = ScriptedCommands({("ipset", "restore", "-exist"): ""})
-    written = Companion(commands=commands).write_sets(index.take())  # type: ignore[arg-type]
+    written = Firewall(commands=commands).write_sets(index.take())  # type: ignore[arg-type]
     ((args, script),) = commands.ran
     assert args == ["ipset", "restore", "-exist"]
     assert script is not None
     assert "add IPVSPROXY-CLUSTER-IP 10.96.0.1,6:80\n" in script
     assert written == 8 + 3  # 8 IPv4 sets created, 3 entries (CLUSTER-IP, SERVICE-PORTS, VIPS)
     commands.ran.clear()
-    assert Companion(commands=commands).write_sets(index.take()) == 0  # type: ignore[arg-type]
+    assert Firewall(commands=commands).write_sets(index.take()) == 0  # type: ignore[arg-type]
     assert commands.ran == []  # nothing changed: no process
 
 
@@ -295,7 +295,7 @@ def test_a_set_growing_past_half_its_capacity_is_rebuilt_by_the_index():
     assert "maxelem 131072" in ipset_script((change,)).splitlines()[1]
 
 
-# ---- the pipeline's two entry points against a fake ipset ---------------------------------
+# ---- the proxier's two entry points against a fake ipset ---------------------------------
 
 NUMBERS = {"6": "tcp", "17": "udp", "132": "sctp"}
 
@@ -378,14 +378,14 @@ def synced(count: int, *, local: frozenset[IPAddress]):
 
 
 def test_a_cheap_header_check_finds_drift_between_full_passes():
-    from ipvsproxy.companion.ipset import parse_headers
+    from ipvsproxy.firewall.ipset import parse_headers
 
     host = FakeHost()
-    companion = Companion(commands=host, versions=(4,))  # type: ignore[arg-type]
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
     index = SetIndex(versions=(4,))
     state, desired = synced(10, local=frozenset())
     index.reset(state, desired.access, local=())
-    companion.write_sets(index.take())
+    firewall.write_sets(index.take())
 
     def headers():
         text = "".join(
@@ -406,7 +406,7 @@ def test_a_cheap_header_check_finds_drift_between_full_passes():
 
 
 def test_headers_parsed_from_ipset_list_t_as_ipset_7_17_prints_them():
-    from ipvsproxy.companion.ipset import parse_headers
+    from ipvsproxy.firewall.ipset import parse_headers
 
     text = (
         "Name: IPVSPROXY-A\nType: hash:ip,port\nRevision: 7\n"
@@ -439,7 +439,7 @@ NESTED, NET = 0x8000, 0x4000
 
 def test_entries_decoded_as_ipset_save_prints_them():
     """Attributes as the 6.18 kernel dumped them (captured from a throw-away netns)."""
-    from ipvsproxy.companion.nlread import decode_entry
+    from ipvsproxy.firewall.nlread import decode_entry
 
     def ip(hexa: str, family: int = 1) -> bytes:
         return nla(family, bytes.fromhex(hexa))
@@ -459,31 +459,31 @@ def test_entries_decoded_as_ipset_save_prints_them():
     assert decode_entry(cluster) == "10.96.0.1,tcp:80"
 
 
-def test_a_companion_with_a_reader_observes_without_any_process():
+def test_a_firewall_with_a_reader_observes_without_any_process():
     class Reader:
         def observe(self):
             return SetState({"IPVSPROXY-VIPS": ("hash:ip", 4, frozenset({"10.96.0.1"}))})
 
     commands = ScriptedCommands({})
-    companion = Companion(commands=commands, reader=Reader())  # type: ignore[arg-type]
-    assert companion.observe_sets().sets["IPVSPROXY-VIPS"][2] == {"10.96.0.1"}
+    firewall = Firewall(commands=commands, reader=Reader())  # type: ignore[arg-type]
+    assert firewall.observe_sets().sets["IPVSPROXY-VIPS"][2] == {"10.96.0.1"}
     assert commands.ran == []
 
 
 def test_a_full_pass_on_ipv4_services_empties_but_keeps_the_ipv6_sets():
     """A node that serves no IPv6 Service keeps its IPv6 sets (the rules name them)."""
     from ipvsproxy.config import Config
-    from ipvsproxy.pipeline import Pipeline
+    from ipvsproxy.proxier import Proxier
     from ipvsproxy.testing import FakeKernel
     from tests.factories import ep, node, service, slice_
     from tests.support import Synced
 
     host = FakeHost()
     host.sets["IPVSPROXY-VIPS-6"] = ("hash:ip", 6, 65536, {"fd00:96::1"})
-    companion = Companion(commands=host, versions=(4, 6))  # type: ignore[arg-type]
-    pipeline = Pipeline(kernel=FakeKernel(), config=Config(node_name="node-a"), companion=companion)
+    firewall = Firewall(commands=host, versions=(4, 6))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=FakeKernel(), config=Config(node_name="node-a"), firewall=firewall)
     objects = [node(), service("web"), slice_("web", endpoints=[ep("10.244.0.2")])]
-    assert Synced(pipeline).sync(objects).ok
+    assert Synced(proxier).sync(objects).ok
     assert host.held()["IPVSPROXY-VIPS-6"] == frozenset()
     assert host.held()["IPVSPROXY-VIPS"] == {"10.96.0.10"}
 

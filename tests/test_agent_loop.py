@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
+from ipvsproxy.agent_loop import DRAIN_POLL, AgentLoop
 from ipvsproxy.config import Config
-from ipvsproxy.daemon import DRAIN_POLL, SyncPass
 from ipvsproxy.errors import ConfigError, KernelError
+from ipvsproxy.manifest_source import ManifestSource
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
-from ipvsproxy.pipeline import Pipeline
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
-from ipvsproxy.static import ManifestSource
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
@@ -32,10 +32,10 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
-def pipeline(kernel: FakeKernel, clock: Any = time.monotonic) -> Pipeline:
-    """The agent's pipeline (agent._pipeline): draining removed endpoints."""
+def proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:
+    """The agent's proxier (agent._proxier): draining removed endpoints."""
     drainer = Drainer(timeout=CONFIG.drain_timeout, clock=clock)
-    return Pipeline(kernel=kernel, config=CONFIG, drainer=drainer, clock=clock)
+    return Proxier(kernel=kernel, config=CONFIG, drainer=drainer, clock=clock)
 
 
 class Agent:
@@ -45,8 +45,8 @@ class Agent:
         self.kernel = FakeKernel()
         self.metrics = Metrics()
         self.health = Health(timeout=60)
-        self.sync = SyncPass(
-            pipeline=pipeline(self.kernel),
+        self.sync = AgentLoop(
+            proxier=proxier(self.kernel),
             tracker=self.tracker,
             metrics=self.metrics,
             health=self.health,
@@ -121,8 +121,8 @@ def driven_agent() -> tuple[Agent, Runner, Clock]:
     """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
     clock = Clock()
     agent = Agent()
-    agent.sync = SyncPass(
-        pipeline=pipeline(agent.kernel, clock),
+    agent.sync = AgentLoop(
+        proxier=proxier(agent.kernel, clock),
         tracker=agent.tracker,
         metrics=agent.metrics,
         health=agent.health,
@@ -318,26 +318,26 @@ def _eventually(check, timeout=5.0):
         time.sleep(0.02)
 
 
-def test_a_failed_companion_restore_is_counted_and_the_pass_does_not_count_as_healthy(
+def test_a_failed_firewall_restore_is_counted_and_the_pass_does_not_count_as_healthy(
     monkeypatch,
 ):
     """kube-proxy's iptables_restore_failures_total{ip_family} per failed restore run, and
-    no health update for a pass whose companion rules failed."""
+    no health update for a pass whose firewall rules failed."""
     import dataclasses
 
     now = [1000.0]
     agent = Agent()
     agent.health = Health(timeout=60, clock=lambda: now[0])
     agent.sync._health = agent.health
-    apply = agent.sync.pipeline.apply
+    apply = agent.sync.proxier.apply
 
     def failing(planned):
         result = apply(planned)
         return dataclasses.replace(
-            result, companion_error="ip6tables-restore failed: boom", restore_failed=(6,)
+            result, firewall_error="ip6tables-restore failed: boom", restore_failed=(6,)
         )
 
-    monkeypatch.setattr(agent.sync.pipeline, "apply", failing)
+    monkeypatch.setattr(agent.sync.proxier, "apply", failing)
     agent.feed(service("web"), web_slice("10.244.0.1"))
     agent.health.queued()
     agent.sync()
@@ -354,14 +354,14 @@ def test_a_pass_whose_restore_failed_is_timed_but_sets_no_last_sync_time(monkeyp
     import dataclasses
 
     agent = Agent()
-    apply = agent.sync.pipeline.apply
+    apply = agent.sync.proxier.apply
 
     def failing(planned):
         return dataclasses.replace(
-            apply(planned), companion_error="iptables-restore: boom", restore_failed=(4,)
+            apply(planned), firewall_error="iptables-restore: boom", restore_failed=(4,)
         )
 
-    monkeypatch.setattr(agent.sync.pipeline, "apply", failing)
+    monkeypatch.setattr(agent.sync.proxier, "apply", failing)
     agent.feed(service("web"), web_slice("10.244.0.1"))
     agent.sync()
     duration = "kubeproxy_sync_proxy_rules_duration_seconds_count"
@@ -369,7 +369,7 @@ def test_a_pass_whose_restore_failed_is_timed_but_sets_no_last_sync_time(monkeyp
     last = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
     assert sample(agent.metrics, last, ip_family="IPv4") == 0
     assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
-    monkeypatch.setattr(agent.sync.pipeline, "apply", apply)  # the next pass restores
+    monkeypatch.setattr(agent.sync.proxier, "apply", apply)  # the next pass restores
     agent.feed(service("web"), web_slice("10.244.0.2"))
     agent.sync()
     assert sample(agent.metrics, last, ip_family="IPv4") > 0
@@ -382,7 +382,7 @@ def test_a_pass_that_raised_is_timed_as_kube_proxy_times_every_pass(monkeypatch)
         clock.now += 7.5  # the pass ran this long before the kernel refused it
         raise KernelError("netlink: boom")
 
-    monkeypatch.setattr(agent.sync.pipeline, "apply", raising)
+    monkeypatch.setattr(agent.sync.proxier, "apply", raising)
     agent.feed(service("web"), web_slice("10.244.0.1"))
     agent.sync()
     assert sample(agent.metrics, "ipvsproxy_syncs_total", result="error") == 1

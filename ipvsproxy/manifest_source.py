@@ -1,4 +1,5 @@
-"""The static source: manifests from disk instead of the API, re-read when the files change.
+"""The manifest source: objects from files on disk instead of the API, re-read when the files
+change.
 
 Owns: `ManifestSource`. It feeds the same `Tracker` as the API watchers do, so `run
 --manifests` is the same agent with no cluster at all. Files are polled (name, mtime, size);
