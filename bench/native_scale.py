@@ -144,7 +144,7 @@ def main() -> None:
     rows.append(
         (
             "one endpoint change (median of 20)",
-            f"{times[10] * 1000:.1f} ms, {sorted(sent)[10]} operations sent (max {max(sent)})",
+            f"{times[10] * 1000:.2f} ms, {sorted(sent)[10]} operations sent (max {max(sent)})",
         )
     )
     t0 = time.perf_counter()
