@@ -11,9 +11,10 @@ filesystem over 9p, one file syscall ~2 ms): 5,000 entries took 59 s to observe,
 Protocol (include/uapi/linux/netfilter/ipset/ip_set.h): NFNL_SUBSYS_IPSET, IPSET_CMD_LIST
 with IPSET_ATTR_PROTOCOL 7; IPSET_FLAG_LIST_SETNAME lists names only.
 
-`IpsetSocket` (the socket, request headers, replies) is shared with nlwrite.SetWriter.
+`IpsetSocket` (ipset requests over the one netlink socket, netlink/nlsocket.py) is shared
+with nlwrite.SetWriter.
 
-Imports: firewall.sets, errors, the standard library (no pyroute2: see pyproject's contracts).
+Imports: firewall.sets, netlink (the socket and its framing), errors, the standard library.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ipaddress import IPv4Address, IPv6Address
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.sets import SET_PREFIX, SetState
+from ipvsproxy.netlink import codec
+from ipvsproxy.netlink.nlsocket import NetlinkSocket, Request
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_IPSET = 6
@@ -34,8 +37,7 @@ IPSET_CMD_SWAP, IPSET_CMD_LIST, IPSET_CMD_ADD, IPSET_CMD_DEL, IPSET_CMD_TYPE = 6
 COMMANDS = {2: "create", 3: "destroy", 4: "flush", 6: "swap", 7: "list", 9: "add", 10: "del"}
 COMMANDS[IPSET_CMD_TYPE] = "type"
 IPSET_PROTOCOL = 7
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST = 0x1
 NLA_TYPE_MASK = 0x3FFF
 # attributes: top level, then inside DATA (per entry / the set's header)
 ATTR_PROTOCOL, ATTR_SETNAME, ATTR_TYPENAME, ATTR_FAMILY, ATTR_FLAGS = 1, 2, 3, 5, 6
@@ -45,8 +47,9 @@ ATTR_IP2, ATTR_CIDR2 = 20, 21
 IPADDR_IPV4, IPADDR_IPV6 = 1, 2
 FLAG_LIST_SETNAME = 1 << 1
 PROTOCOLS = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "ipv6-icmp"}
-_HEADER = struct.Struct("=IHHII")
 _ATTR = struct.Struct("=HH")
+_NFGEN = struct.pack("=BBH", socket.AF_INET, 0, 0)  # nfgenmsg: family, version, res_id
+_NFGEN_SIZE = len(_NFGEN)
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -93,66 +96,33 @@ def decode_entry(data: bytes) -> str:
 
 
 class IpsetSocket:
-    """A netfilter netlink socket for ipset requests, in the network namespace it was made
-    in; SetReader and SetWriter (nlwrite.py) share it."""
+    """ipset requests over the one netlink socket (netfilter netlink), in the network
+    namespace it was made in; SetReader and SetWriter (nlwrite.py) share it."""
 
     def __init__(self) -> None:
-        try:
-            self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        except OSError as exc:
-            raise KernelError(f"ipset over netlink: {exc}") from exc
-        try:
-            self._sock.bind((0, 0))
-        except OSError as exc:
-            self._sock.close()  # a failed construction leaks no socket
-            raise KernelError(f"ipset over netlink: {exc}") from exc
-        self._seq = 0
+        # echo: the kernel names a refused entry in the request it sends back
+        self._nl = NetlinkSocket(NETLINK_NETFILTER, "ipset over netlink", echo=True)
 
     def close(self) -> None:
-        self._sock.close()
+        self._nl.close()
 
-    def _message(self, command: int, flags: int, attrs: bytes) -> bytes:
-        """One ipset request (the next sequence number): nfgenmsg, protocol, `attrs`."""
-        self._seq += 1
-        body = struct.pack("=BBH", socket.AF_INET, 0, 0)
-        body += _attr(ATTR_PROTOCOL, bytes([IPSET_PROTOCOL])) + attrs
+    def _request(self, command: int, flags: int, attrs: bytes) -> Request:
+        """One ipset request: nfgenmsg, then the protocol and `attrs`."""
         kind = (NFNL_SUBSYS_IPSET << 8) | command
-        return _HEADER.pack(_HEADER.size + len(body), kind, flags, self._seq, 0) + body
+        return kind, flags, _NFGEN, _attr(ATTR_PROTOCOL, bytes([IPSET_PROTOCOL])) + attrs
 
-    def _replies(self) -> Iterator[tuple[int, int, bytes]]:
-        """(type, sequence number, payload) of each message received, forever."""
-        while True:
-            try:
-                data = self._sock.recv(1 << 20)
-            except OSError as exc:  # ENOBUFS, a closed socket: KernelError, as the kernel's own
-                raise KernelError(f"ipset over netlink: {exc}") from exc
-            at = 0
-            while at + _HEADER.size <= len(data):
-                size, kind, _, seq, _ = _HEADER.unpack_from(data, at)
-                yield kind, seq, data[at + _HEADER.size : at + size]
-                at += (size + 3) & ~3
+    def _dump(self, command: int, extra: bytes) -> Iterator[dict[int, bytes]]:
+        """The top-level attributes of each message of one dump."""
+        kind, _, head, attrs = self._request(command, 0, extra)
+        for payload in codec.dumped(self._nl.dump(kind, head + attrs)):
+            yield dict(_attrs(bytes(payload[_NFGEN_SIZE:])))
 
-    def _dump(
-        self, command: int, extra: bytes, flags: int = NLM_F_REQUEST | NLM_F_DUMP
-    ) -> Iterator[dict[int, bytes]]:
-        """The top-level attributes of each message of one dump (or, with NLM_F_ACK instead
-        of NLM_F_DUMP, of one reply)."""
-        message = self._message(command, flags, extra)
-        try:
-            self._sock.send(message)
-        except OSError as exc:
-            raise KernelError(f"ipset over netlink: {exc}") from exc
-        for kind, seq, message in self._replies():
-            if seq != self._seq:
-                continue
-            if kind == NLMSG_DONE:
-                return
-            if kind == NLMSG_ERROR:
-                code = -struct.unpack_from("=i", message)[0]
-                if code:
-                    raise KernelError(f"ipset {COMMANDS[command]}: {os.strerror(code)}")
-                return
-            yield dict(_attrs(message[4:]))  # after the nfgenmsg
+    def _ask(self, command: int, extra: bytes) -> list[dict[int, bytes]]:
+        """The top-level attributes of each message answering one request."""
+        code, answers = self._nl.ask(self._request(command, NLM_F_REQUEST, extra))
+        if code:
+            raise KernelError(f"ipset {COMMANDS[command]}: {os.strerror(code)}")
+        return [dict(_attrs(payload[_NFGEN_SIZE:])) for _, payload in answers]
 
 
 class SetReader(IpsetSocket):

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import PROTOCOL_NUMBERS, SetCommand
 from ipvsproxy.firewall.nlread import (
-    _ATTR,
     ATTR_ADT,
     ATTR_CIDR,
     ATTR_CIDR2,
@@ -60,6 +59,7 @@ from ipvsproxy.firewall.nlread import (
     _attr,
     _attrs,
 )
+from ipvsproxy.netlink.nlsocket import Request
 
 NLM_F_ACK, NLM_F_CREATE = 0x4, 0x400
 NLA_F_NESTED, NLA_F_NET_BYTEORDER = 0x8000, 0x4000
@@ -137,14 +137,6 @@ def encode_entry(entry: str) -> bytes:
     protocol named or numbered) -> the attributes inside its IPSET_ATTR_DATA, in the tool's
     order (lineno excluded)."""
     parts = entry.split(",")
-    if len(parts) > 1 and "/" not in entry and ":" not in parts[0]:
-        fast = _ipv4_entry(parts)
-        if fast is not None:
-            return fast
-    return _any_entry(parts)
-
-
-def _any_entry(parts: list[str]) -> bytes:
     out, cidr = _address(ATTR_IP, parts[0])
     if cidr is not None:
         out += _attr(ATTR_CIDR, bytes([cidr]))
@@ -161,38 +153,11 @@ def _any_entry(parts: list[str]) -> bytes:
     return out
 
 
-# The attribute headers of an IPv4 entry without a prefix length (`ip,proto:port[,ip2]`:
-# nearly every entry ipvsproxy writes, 5,500 in a cold sync at 1000x10), so that such an
-# entry is a few concatenations instead of a dozen calls (`encode_entry`'s general path,
-# which tests/firewall/test_nlwrite.py checks it against).
-_V4_IP = _ATTR.pack(12, ATTR_IP | NLA_F_NESTED) + _ATTR.pack(8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER)
-_V4_IP2 = _ATTR.pack(12, ATTR_IP2 | NLA_F_NESTED) + _ATTR.pack(8, IPADDR_IPV4 | NLA_F_NET_BYTEORDER)
-_PORT = _ATTR.pack(6, ATTR_PORT | NLA_F_NET_BYTEORDER)
-_PROTO = _ATTR.pack(5, ATTR_PROTO)
-
-
-def _ipv4_entry(parts: list[str]) -> bytes | None:
-    """`encode_entry` of an IPv4 `ip,proto:port[,ip2]` entry; None for any other shape."""
-    proto, _, port = parts[1].rpartition(":")
-    number = PROTOCOL_NUMBERS.get(proto)
-    if number is None or len(parts) > 3 or not (port.isascii() and port.isdigit()):
-        return None
-    try:
-        out = _V4_IP + socket.inet_pton(socket.AF_INET, parts[0])
-        out += _PORT + int(port).to_bytes(2, "big") + b"\0\0" + _PROTO + bytes((number, 0, 0, 0))
-        if len(parts) == 3:
-            out += _V4_IP2 + socket.inet_pton(socket.AF_INET, parts[2])
-    except (OSError, OverflowError):
-        return None
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class Sent:
     """One request and what it was about, to name the change an error belongs to."""
 
-    seq: int
-    data: bytes
+    request: Request
     command: SetCommand
     entries: tuple[str, ...] = ()  # ADD/DEL: the entries of this message, lineno - 1
 
@@ -215,7 +180,7 @@ class SetWriter(IpsetSocket):
                 sends += self._send(batch)
                 batch = []
             for sent in self._requests(command):
-                if batch and sum(len(s.data) for s in batch) + len(sent.data) > SEND_BYTES:
+                if batch and sum(map(_size, batch)) + _size(sent) > SEND_BYTES:
                     sends += self._send(batch)
                     batch = []
                 batch.append(sent)
@@ -238,8 +203,7 @@ class SetWriter(IpsetSocket):
             return self._entries(verb, command)
         else:
             flags, attrs = NLM_F_REQUEST | NLM_F_ACK, name
-        data = self._message(verb, flags, attrs)
-        return [Sent(self._seq, data, command)]
+        return [Sent(self._request(verb, flags, attrs), command)]
 
     def _shape(self, command: SetCommand) -> bytes:
         family = socket.AF_INET if command.version == 4 else socket.AF_INET6
@@ -274,27 +238,16 @@ class SetWriter(IpsetSocket):
             _nest(ATTR_DATA, data + _lineno(number)) for number, (_, data) in enumerate(chunk, 1)
         )
         attrs = _attr(ATTR_SETNAME, _name(command.name)) + _lineno(len(chunk))
-        message = self._message(verb, NLM_F_REQUEST | NLM_F_ACK, attrs + _nest(ATTR_ADT, nest))
-        return Sent(self._seq, message, command, tuple(entry for entry, _ in chunk))
+        request = self._request(verb, NLM_F_REQUEST | NLM_F_ACK, attrs + _nest(ATTR_ADT, nest))
+        return Sent(request, command, tuple(entry for entry, _ in chunk))
 
     def _send(self, batch: list[Sent]) -> int:
         """One send() of these messages; raises for the first one refused."""
-        try:
-            self._sock.send(b"".join(sent.data for sent in batch))
-        except OSError as exc:
-            raise KernelError(f"ipset over netlink: {exc}") from exc
-        waiting = {sent.seq: sent for sent in batch}
-        failures: list[tuple[Sent, int, bytes]] = []
-        for kind, seq, payload in self._replies():
-            sent = waiting.pop(seq, None)
-            if sent is not None and kind == NLMSG_ERROR:
-                code = -struct.unpack_from("=i", payload)[0]
-                if code and not (code == errno.ENOENT and sent.command.verb == "destroy"):
-                    failures.append((sent, code, payload))
-            if not waiting:
-                break
-        if failures:
-            raise _error(*min(failures, key=lambda f: f[0].seq))
+        refused: dict[int, bytes] = {}
+        codes = self._nl.send_batch([sent.request for sent in batch], refused=refused)
+        for index, (sent, code) in enumerate(zip(batch, codes, strict=True)):
+            if code and not (code == errno.ENOENT and sent.command.verb == "destroy"):
+                raise _error(sent, code, refused.get(index, b""))
         return 1
 
     def _revision(self, kind: str, family: int) -> int:
@@ -302,7 +255,7 @@ class SetWriter(IpsetSocket):
         found = self._revisions.get((kind, family))
         if found is None:
             attrs = _attr(ATTR_TYPENAME, _name(kind)) + _attr(ATTR_FAMILY, bytes([family]))
-            for reply in self._dump(IPSET_CMD_TYPE, attrs, NLM_F_REQUEST | NLM_F_ACK):
+            for reply in self._ask(IPSET_CMD_TYPE, attrs):
                 newest = reply[ATTR_REVISION][0]
                 oldest = reply.get(ATTR_REVISION_MIN, b"\0")[0]
                 found = max(oldest, min(newest, NEWEST.get(kind, newest)))
@@ -310,6 +263,11 @@ class SetWriter(IpsetSocket):
                 raise KernelError(f"ipset: the kernel knows no set type {kind}")
             self._revisions[(kind, family)] = found
         return found
+
+
+def _size(sent: Sent) -> int:
+    _, _, head, attrs = sent.request
+    return 16 + len(head) + len(attrs)  # with its nlmsghdr
 
 
 def _error(sent: Sent, code: int, payload: bytes) -> KernelError:

@@ -14,46 +14,39 @@ other agent's write (kubelet, a CNI plugin, our own restores) merely costs a rea
 Only meaningful when the iptables tools are the nf_tables variant (their save output says
 `(nf_tables)`); legacy xtables tables do not move the counter, so callers check that first.
 
-Imports: the standard library only.
+Imports: netlink.nlsocket (the one netlink socket), netlink.codec (framing), errors.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Sequence
+
+from ipvsproxy.errors import KernelError
+from ipvsproxy.netlink import codec
+from ipvsproxy.netlink.nlsocket import NetlinkSocket
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN, NFT_MSG_GETGEN = 15, 16
 NFTA_GEN_ID = 1
-NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
-NLMSG_ERROR = 2
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id (big-endian)
-_ATTR = struct.Struct("=HH")
 
 
 class RulesetGeneration:
     """The nf_tables generation id of the network namespace this was opened in."""
 
-    def __init__(self, sock: socket.socket | None) -> None:
+    def __init__(self, sock: NetlinkSocket | None) -> None:
         self._sock = sock
-        self._seq = 0
 
     @classmethod
     def open(cls) -> RulesetGeneration:
         """Never fails: without a socket `current()` answers None (always save)."""
         try:
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        except OSError:
+            return cls(NetlinkSocket(NETLINK_NETFILTER, "netfilter netlink"))
+        except KernelError:
             return cls(None)
-        try:
-            sock.bind((0, 0))
-            sock.settimeout(5.0)
-        except OSError:
-            sock.close()
-            return cls(None)
-        return cls(sock)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -64,43 +57,21 @@ class RulesetGeneration:
         """The generation id, or None when it cannot be read (nf_tables not loaded, ...)."""
         if self._sock is None:
             return None
-        self._seq += 1
-        body = _NFGEN.pack(socket.AF_UNSPEC, 0, 0)
         kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN
-        request = _HEADER.pack(_HEADER.size + len(body), kind, NLM_F_REQUEST, self._seq, 0)
+        request = (kind, codec.NLM_F_REQUEST, _NFGEN.pack(socket.AF_UNSPEC, 0, 0), b"")
         try:
-            self._sock.send(request + body)
-            while True:
-                data = self._sock.recv(65536)
-                found = _parse(data, self._seq)
-                if found != "other":
-                    return found if isinstance(found, int) else None
-        except OSError:
+            code, answers = self._sock.ask(request)
+        except KernelError:
             return None
+        return None if code else generation_of(answers)
 
 
-def _parse(data: bytes, seq: int) -> int | str | None:
-    """The generation id in a reply to `seq`; None: an error reply; "other": not ours."""
-    at = 0
-    while at + _HEADER.size <= len(data):
-        size, kind, _, got, _ = _HEADER.unpack_from(data, at)
-        if size < _HEADER.size:
-            return None
-        message = data[at + _HEADER.size : at + size]
-        at += (size + 3) & ~3
-        if got != seq:
-            continue
-        if kind == NLMSG_ERROR:
-            return None
+def generation_of(answers: Sequence[tuple[int, bytes]]) -> int | None:
+    """NFTA_GEN_ID of the NFT_MSG_NEWGEN among a request's answers (None: none)."""
+    for kind, payload in answers:
         if kind != (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN:
             continue
-        pos = _NFGEN.size
-        while pos + _ATTR.size <= len(message):
-            length, attr = _ATTR.unpack_from(message, pos)
-            if length < _ATTR.size:
-                return None
-            if attr & 0x3FFF == NFTA_GEN_ID and length >= _ATTR.size + 4:
-                return int(struct.unpack_from("!I", message, pos + _ATTR.size)[0])
-            pos += (length + 3) & ~3
-        return None
-    return "other"
+        found = codec.attrs(memoryview(payload), _NFGEN.size).get(NFTA_GEN_ID)
+        if found is not None and len(found) >= 4:
+            return int(struct.unpack_from("!I", found)[0])
+    return None

@@ -1,5 +1,6 @@
-"""One netlink socket with batched requests, single requests and raw dumps: what genl.py
-(IPVS) and rtnl.py (addresses, the dummy link) share.
+"""The one netlink socket, with batched requests, single requests and raw dumps: what genl.py
+(IPVS), rtnl.py (addresses, the dummy link), the firewall's ipset reader and writer and the
+nf_tables generation check (netfilter netlink) share.
 
 Why batched: a sync can write thousands of requests, and one request + ack at a time costs a
 round trip each. Here many requests go out in one `send()` (up to BATCH_BYTES), the ack
@@ -75,9 +76,13 @@ class NetlinkSocket:
 
     Its request methods raise KernelError (never OSError) when the socket itself fails."""
 
-    WHAT = "netlink"  # names the socket in errors
+    WHAT = "netlink"  # names the socket in errors (each socket's own `what` once opened)
 
-    def __init__(self, protocol: int, what: str) -> None:
+    def __init__(self, protocol: int, what: str, *, echo: bool = False) -> None:
+        """`what` names the socket in errors ("rtnetlink", "ipset over netlink"). `echo`:
+        error replies carry the refused request (the kernel's default; ipset writes the
+        number of the refused entry into it); otherwise they are cut short."""
+        self.WHAT = what
         try:
             self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
         except OSError as exc:
@@ -85,8 +90,11 @@ class NetlinkSocket:
         self._seq = 0
         self._recv = bytearray(4 * 1024 * 1024)
         try:
-            self._buffers()
+            self._buffers(echo=echo)
             self._sock.bind((0, 0))
+        except OSError as exc:
+            self._sock.close()
+            raise io_error(exc, f"cannot open a {what} socket") from exc
         except BaseException:
             self._sock.close()
             raise
@@ -94,7 +102,7 @@ class NetlinkSocket:
     def close(self) -> None:
         self._sock.close()
 
-    def _buffers(self) -> None:
+    def _buffers(self, *, echo: bool) -> None:
         for force, plain, size in (
             (SO_RCVBUFFORCE, socket.SO_RCVBUF, RCVBUF),
             (SO_SNDBUFFORCE, socket.SO_SNDBUF, SNDBUF),
@@ -103,8 +111,9 @@ class NetlinkSocket:
                 self._sock.setsockopt(socket.SOL_SOCKET, force, size)
             except OSError:
                 self._sock.setsockopt(socket.SOL_SOCKET, plain, size)
-        with contextlib.suppress(OSError):  # older kernels: full acks, still correct
-            self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        if not echo:
+            with contextlib.suppress(OSError):  # older kernels: full acks, still correct
+                self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
 
     def _next_seq(self) -> int:
         self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
@@ -124,8 +133,11 @@ class NetlinkSocket:
                     return out
 
     @_mapped_io
-    def send_batch(self, requests: Sequence[Request]) -> list[int]:
-        """Send requests in order; the errno of each (0 = done).
+    def send_batch(
+        self, requests: Sequence[Request], *, refused: dict[int, bytes] | None = None
+    ) -> list[int]:
+        """Send requests in order; the errno of each (0 = done). With `refused`, the error
+        reply's payload of each refused request, by its index.
 
         Each send carries up to BATCH_BYTES of requests with consecutive sequence numbers,
         the last one asking for an ack; an error's sequence number gives its request's
@@ -158,7 +170,9 @@ class NetlinkSocket:
                     if got < first:
                         offset -= 1  # the numbers wrapped past 0, which is skipped
                     if 0 <= offset < count:
-                        results[start + offset] = codec.error_code(payload)
+                        results[start + offset] = code = codec.error_code(payload)
+                        if code and refused is not None:
+                            refused[start + offset] = bytes(payload)
             start = index
         return results
 
@@ -210,14 +224,14 @@ class NetlinkSocket:
                 if length == 20 and kind == codec.NLMSG_DONE and got_seq == seq:
                     code = -_ERRNO.unpack_from(data, size - 4)[0]
                     if code > 0:
-                        raise KernelError(f"dump failed: {os_error(code)}")
+                        raise KernelError(f"{self.WHAT} dump: {os_error(code)}")
                     return chunks
             if size >= 20:
                 length, kind, _, got_seq, _ = unpack(data, 0)
                 if got_seq == seq and kind in (codec.NLMSG_ERROR, codec.NLMSG_DONE):
                     code = codec.error_code(memoryview(data)[16:length])
                     if code > 0:
-                        raise KernelError(f"dump failed: {os_error(code)}")
+                        raise KernelError(f"{self.WHAT} dump: {os_error(code)}")
                     return chunks
 
 
