@@ -75,8 +75,8 @@ class Transient(Exception):
 
 
 # The generated CoreV1Api and DiscoveryV1Api classes are not used: importing CoreV1Api alone
-# costs 1.8 s natively (413 pydantic-validated methods, schemas built on first call), about
-# 80 s under the test VM's emulation, on every agent start, for two GET paths. The requests
+# costs 1.8 s natively (413 pydantic-validated methods, schemas built on first call) on every
+# agent start, for two GET paths, and they build model objects ipvsproxy never reads. The requests
 # are the ones those methods make (kubeclient.Client: the generated client's HTTP layer with
 # the Configuration's authentication, as ApiClient's param_serialize/call_api send them).
 _PATHS = {

@@ -151,7 +151,7 @@ class Firewall:
     # work in): no process, no per-entry /etc/protocols read by the ipset tool
     reader: SetReader | None = None
     # writes the sets over netlink instead of `ipset restore` (the same commands, see
-    # nlwrite.py): the tool parses each entry with a libc lookup that costs ~4 ms in the VM
+    # nlwrite.py): the tool parses each entry with libc lookups that read files
     writer: SetWriter | None = None
     # nf_tables' generation id, read before each save of the chains: unchanged since the
     # last save (and the tools are iptables-nft) -> the chains saved then still hold, and a

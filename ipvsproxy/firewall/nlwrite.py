@@ -4,8 +4,8 @@ Owns: `SetWriter` (runs the `SetCommand`s of ipset.py, the same list `ipset_scri
 for `ipset restore -exist`) and `encode_entry()`.
 
 Why not `ipset restore`: for every entry it parses, the tool stats /etc/resolv.conf
-(getaddrinfo) and reads /etc/protocols. Measured in the test VM (root filesystem over 9p):
-5,000 entries took 18-24 s, a 13,000-entry worst case 78 s; natively 0.1 s. Here an ADD or
+(getaddrinfo) and reads /etc/protocols: file system calls per entry, which a node with a slow
+root filesystem pays 10,000s of times in a first sync, and a process to start. Here an ADD or
 DEL message carries up to ADT_BYTES of entries in its IPSET_ATTR_ADT nest, and one `send()`
 up to SEND_BYTES of messages, which the kernel runs in order, answering each.
 
@@ -120,8 +120,8 @@ def _name(name: str) -> bytes:
 def _address(kind: int, text: str) -> tuple[bytes, int | None]:
     """An IPSET_ATTR_IP(2) nest, and the prefix length written after a `/`, if any."""
     address, slash, prefix = text.partition("/")
-    # inet_pton: the C parser (ip_address() was half of a cold sync's set writing in the
-    # VM); the entries are ipvsproxy's own, printed from parsed addresses
+    # inet_pton: the entries are ipvsproxy's own, printed from parsed addresses, so the
+    # plain C parser takes them as they are
     try:
         if ":" in address:
             inner = _net(IPADDR_IPV6, socket.inet_pton(socket.AF_INET6, address))

@@ -3,8 +3,9 @@
 Owns: `RulesetGeneration` (one request, NFT_MSG_GETGEN, answered with NFTA_GEN_ID).
 
 Why: a periodic resync must notice a firewall chain changed behind ipvsproxy's back, and
-reading the chains back is four `iptables-save` processes (two families, two tables): about
-3 s in the test VM at 1,000 Services, most of an idle resync. The iptables-nft tools write
+reading the chains back is four `iptables-save` processes (two families, two tables), each
+printing the node's whole ruleset (kubelet's, the CNI plugin's), every sync period, for
+chains that hardly ever change. The iptables-nft tools write
 through nf_tables, whose every committed transaction (any table, any family, anyone's) raises
 one counter per network namespace (net/netfilter/nf_tables_api.c, `nft_net->base_seq`,
 reported by NFT_MSG_GETGEN). Read before a save, the counter says whether a later save

@@ -3,8 +3,8 @@
 Why hand-written (see codec.py for the encoding side): a sync writes thousands of requests.
 `ipvsadm -R` opens a socket and resolves the family per line; one request+ack at a time
 costs a round trip each. Here many requests go out in one `send()` with the ack flag only
-on the last one (nlsocket.py, shared with rtnl.py's address changes). Measured in the IPVS
-VM: 0.18-0.22x the time of `ipvsadm -R`.
+on the last one (nlsocket.py, shared with rtnl.py's address changes): a first sync writes a
+whole table in a fraction of `ipvsadm -R`'s time (docs/performance.md).
 
 Imports: codec, nlsocket, errors, the standard library.
 """

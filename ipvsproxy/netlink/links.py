@@ -1,6 +1,4 @@
-"""ipvsproxy's dummy device and the VIPs bound to it, over rtnetlink (rtnl.py), without
-pyroute2: importing it costs 11.5 s in the emulated IPVS VM (0.23 s natively), paid at every
-start of the agent when the device was created through it.
+"""ipvsproxy's dummy device and the VIPs bound to it, over rtnetlink (rtnl.py).
 
 The device is looked up, created and deleted with single requests (rare). Addresses are
 bound, unbound and listed in batches: one batch of requests per run of address operations,

@@ -3,18 +3,16 @@ the few link requests the dummy device needs (look up by name, create, delete).
 
 Why not pyroute2 here: it sends one RTM_NEWADDR/RTM_DELADDR and waits for its ack per
 address, and builds each through its request filters; a cluster of 1000 Services binds 1000
-VIPs. Measured in one IPVS VM run (bench/ipvs_sync.py --only-vips), 1000 IPv4 VIPs: bind
-35.1 s with pyroute2 vs 0.32 s batched, unbind 43.4 s vs 0.41 s, listing them (pyroute2's
-get_addr(index=) vs one RTM_GETADDR dump) 5.5 s vs 0.39 s.
+VIPs, here in one batch (about 100x fewer round trips and Python calls: bench/ipvs_sync.py
+--only-vips compares the two).
 
 The messages are exactly pyroute2's `addr("add"/"del", index=..., address=...,
 prefixlen=32|128)` (tests/netlink/test_rtnl.py checks the bytes): IPv4 with IFA_LOCAL =
 IFA_ADDRESS, IPv6 with IFA_FLAGS = IFA_F_NODAD (a VIP must not wait for duplicate address
 detection).
 
-Links: the device is looked up, created and deleted once per start or after it vanished, so
-speed does not matter there; importing pyroute2 does: 11.5 s under emulation (0.23 s natively,
-notes/kernel-vm.md), paid by every `ipvsproxy run` when links.py used it. The link requests are
+Links: the device is looked up, created and deleted once per start or after it vanished, and
+the one socket serves them too (no second netlink library in the product). The link requests are
 pyroute2's `link("get", ifname=)`, `link("add", ifname=, kind="dummy")` and `link("del",
 index=)` byte for byte (test_rtnl.py). The lookup is an RTM_GETLINK on this socket, not
 `socket.if_nametoindex`: the socket answers for the network namespace it was opened in (as
@@ -148,10 +146,11 @@ RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
 class AddressEvents:
     """Whether any link or address of this network namespace changed since the last look.
 
-    Why: a full resync re-reads the dummy device's VIPs and this host's addresses (1,000s of
-    RTM_NEWADDR messages at 1,000 Services, a tenth of an idle resync in the VM) although
-    they hardly ever change. The kernel announces every change on rtnetlink's multicast
-    groups; a socket subscribed to them, drained without blocking, says whether anything
+    Why: a full resync would otherwise re-read the dummy device's VIPs and this host's
+    addresses (one RTM_NEWADDR message per VIP: 10,000s in a large cluster) every sync
+    period, although they hardly ever change. The kernel announces every change on
+    rtnetlink's multicast groups; a socket subscribed to them, drained without blocking,
+    says whether anything
     happened (ipvsproxy's own binds included). Overflowed (ENOBUFS) or failed, it says yes:
     the caller reads everything again. The first look always says yes."""
 

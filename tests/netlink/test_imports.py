@@ -1,6 +1,5 @@
-"""The agent's path never imports pyroute2: 11.5 s of start-up in the emulated IPVS VM
-(0.23 s natively, notes/kernel-vm.md), paid by every `ipvsproxy run` and `run --once`.
-pyroute2 stays a test dependency (golden bytes in test_codec.py, test_rtnl.py)."""
+"""The product never imports pyroute2 (a dev dependency only: the golden bytes of
+test_codec.py and test_rtnl.py), so an installed ipvsproxy runs without it."""
 
 from __future__ import annotations
 
