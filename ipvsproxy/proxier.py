@@ -399,10 +399,8 @@ class Proxier:
             self.table.seed(ipvs.observed)
             self._observed_once = True
 
-        def write_ipvs() -> IpvsResult:
-            return apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
-
-        result, gone = self._written(write_ipvs, ipvs, forget=self.firewall is not None)
+        result = apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
+        gone = self._record(ipvs, result, forget=self.firewall is not None)
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
             self._refresh_fallback(planned.keys)
         refused = self.refusals.record(result.report.failures, planned.names)
@@ -440,19 +438,16 @@ class Proxier:
             restore_failed=(*written.restore_failed, *restores.values()),
         )
 
-    def _written(
-        self, write: Callable[[], IpvsResult], ipvs: IpvsPlan, *, forget: bool
-    ) -> tuple[IpvsResult, UdpFlows]:
-        """The IPVS operations written and the table advanced by what the kernel took: the
-        result and (`forget`) the UDP flows to forget."""
-        result = write()
+    def _record(self, ipvs: IpvsPlan, result: IpvsResult, *, forget: bool) -> UdpFlows:
+        """The table advanced by what the kernel took of the IPVS operations; with `forget`,
+        the UDP flows to forget."""
         failed = {failure.op for failure in result.report.failures}
         self.table.advance(_applied(ipvs.plan, failed))
         gone = udp_gone(ipvs.plan, failed, before=ipvs.observed) if forget else []
         self._known -= {
             op.key for op in ipvs.plan if isinstance(op, DeleteService) and op not in failed
         }
-        return result, gone
+        return gone
 
     def _refresh_fallback(self, keys: frozenset[VSKey]) -> None:
         """A partial pass on the fallback: a Service whose access changed with no IPVS

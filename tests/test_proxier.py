@@ -308,9 +308,8 @@ def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
     with refusing(udp_objects(4), refused) as (kernel, proxier, planned):
         ipvs = planned.ipvs
         proxier.table.seed(ipvs.observed)
-        result, gone = proxier._written(
-            lambda: apply_pass(kernel, ipvs, names={}), ipvs, forget=True
-        )
+        result = apply_pass(kernel, ipvs, names={})
+        gone = proxier._record(ipvs, result, forget=True)
         failed = {f.op for f in result.report.failures}
         assert gone == udp_gone(ipvs.plan, failed, before=ipvs.observed)
         assert len(gone) == len({key for key, _ in gone}) <= 4
