@@ -24,6 +24,7 @@ from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, service, slice_
+from tests.support import Clock, eventually
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
 
@@ -107,19 +108,9 @@ def test_tracker_events_and_change_callbacks():
     assert agent.tracker.counts() == {SERVICE: 0, SLICE: 1}
 
 
-class Clock:
-    """One fake clock for the sync pass and its runner: no sleeping, exact times."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def driven_agent() -> tuple[Agent, Runner, Clock]:
     """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
-    clock = Clock()
+    clock = Clock(1000.0)  # one fake clock for the sync pass and its runner
     agent = Agent()
     agent.sync = AgentLoop(
         proxier=proxier(agent.kernel, clock),
@@ -301,21 +292,14 @@ def test_manifest_source_rereads_changed_files_and_keeps_last_good(tmp_path, cap
     try:
         changes.clear()
         path.write_text(yaml.safe_dump_all([service("web"), web_slice("10.244.0.1", "10.244.0.2")]))
-        _eventually(lambda: SLICE in changes)  # (a half-written file may count twice)
+        eventually(lambda: SLICE in changes, 5.0)  # (a half-written file may count twice)
         assert set(changes) == {SLICE}
         path.write_text("kind: [broken")
-        _eventually(lambda: "keeping the last good ones" in caplog.text)
+        eventually(lambda: "keeping the last good ones" in caplog.text, 5.0)
         assert tracker.counts()[SLICE] == 1
     finally:
         stop.set()
         thread.join(5)
-
-
-def _eventually(check, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_failed_firewall_restore_is_counted_and_the_pass_does_not_count_as_healthy(

@@ -22,7 +22,7 @@ from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
-from tests.firewall.test_scale import FakeHost
+from tests.support import FakeHost
 
 
 def linear(start: float, width: float, count: int) -> list[float]:

@@ -25,6 +25,7 @@ from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
 from ipvsproxy.sync.desired import Access, Reach
 from tests.strategies import states
+from tests.support import RecordingCommands
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
@@ -187,18 +188,6 @@ def test_loop_back_entries_follow_this_nodes_destinations_only():
     sets = wanted(state, {}, local=frozenset({here.key.address}))
     assert entries(sets, "LOOP-BACK") == {"10.244.1.2,udp:5353,10.244.1.2"}
     assert entries(wanted(state, {}), "LOOP-BACK") == frozenset()  # no local endpoint
-
-
-class RecordingCommands:
-    def __init__(self) -> None:
-        self.ran: list[list[str]] = []
-        self.fed: list[tuple[list[str], str | None]] = []
-        self.prefix = ()
-
-    def run(self, args, *, stdin=None):
-        self.ran.append(list(args))
-        self.fed.append((list(args), stdin))
-        return ""
 
 
 def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():

@@ -20,6 +20,7 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
+from tests.support import RecordingCommands
 
 DNS = VSKey(ip_address("10.96.0.10"), 53, Proto.UDP)  # a ClusterIP
 NODEPORT = VSKey(ip_address("192.168.0.10"), 30053, Proto.UDP)  # node address:NodePort
@@ -39,15 +40,6 @@ def before(table: dict[VSKey, list[RealServer]]) -> IpvsState:
 
 def add(key: VSKey, rs: RSKey = POD, weight: int = 1) -> AddDest:
     return AddDest(key, RealServer(rs, weight=weight))
-
-
-class RecordingCommands:
-    def __init__(self) -> None:
-        self.fed: list[tuple[list[str], str | None]] = []
-
-    def run(self, args, *, stdin=None):
-        self.fed.append((list(args), stdin))
-        return ""
 
 
 def test_first_endpoint_of_a_udp_clusterip_deletes_every_flow_to_it():

@@ -10,7 +10,7 @@ from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, port, service, slice_
-from tests.firewall.test_scale import FakeHost
+from tests.support import FakeHost
 
 CONFIG = Config(node_name="node-a")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from ipaddress import ip_address
 
 from hypothesis import given, settings
@@ -31,24 +30,9 @@ from ipvsproxy.model import (
     state_of,
 )
 from ipvsproxy.sync.desired import Access, Reach
+from tests.support import FakeHost, ScriptedCommands
 
 LOOP_BACK = "IPVSPROXY-LOOP-BACK"
-
-
-class ScriptedCommands:
-    """Answers each command from a script (argv prefix -> output), records what ran."""
-
-    def __init__(self, answers: Mapping[tuple[str, ...], str]) -> None:
-        self.answers = answers
-        self.ran: list[tuple[list[str], str | None]] = []
-        self.prefix = ()
-
-    def run(self, args, *, stdin=None):
-        self.ran.append((list(args), stdin))
-        for prefix, answer in self.answers.items():
-            if tuple(args[: len(prefix)]) == prefix:
-                return answer
-        raise AssertionError(f"unexpected command {args}")
 
 
 # ---- sizes ---------------------------------------------------------------------------------
@@ -296,71 +280,6 @@ def test_a_set_growing_past_half_its_capacity_is_rebuilt_by_the_index():
 
 
 # ---- the proxier's two entry points against a fake ipset ---------------------------------
-
-NUMBERS = {"6": "tcp", "17": "udp", "132": "sctp"}
-
-
-class FakeHost:
-    """ipset (restore scripts, list -n, save) in memory, and empty iptables: a fake that
-    fails like the tool (create of an existing set, add over maxelem, del of a missing
-    entry without -exist, swap of unlike sets)."""
-
-    def __init__(self) -> None:
-        self.sets: dict[str, tuple[str, int, int, set[str]]] = {}  # kind, version, maxelem
-        self.ran: list[list[str]] = []
-        self.prefix = ()
-
-    def run(self, args, *, stdin=None):
-        self.ran.append(list(args))
-        if args[0] in {"iptables-save", "ip6tables-save", "conntrack"}:
-            return ""
-        if args[0] in {"iptables-restore", "ip6tables-restore"}:
-            return ""
-        if args[:3] == ["ipset", "list", "-n"]:
-            return "".join(name + "\n" for name in self.sets)
-        assert args[:2] == ["ipset", "restore"]
-        out = []
-        for line in (stdin or "").splitlines():
-            out.append(self._line(line.split(), exist="-exist" in args))
-        return "".join(out)
-
-    def _line(self, words, *, exist):
-        verb, name = words[0], words[1]
-        if verb == "save":
-            kind, version, maxelem, entries = self.sets[name]
-            family = "inet" if version == 4 else "inet6"
-            head = f"create {name} {kind} family {family} hashsize 1024 maxelem {maxelem}\n"
-            return head + "".join(f"add {name} {e}\n" for e in sorted(entries))
-        if verb == "create":
-            assert name not in self.sets, f"set {name} exists"
-            options = dict(zip(words[3::2], words[4::2], strict=False))
-            version = 4 if options["family"] == "inet" else 6
-            self.sets[name] = (words[2], version, int(options["maxelem"]), set())
-        elif verb == "destroy":
-            assert exist or name in self.sets
-            self.sets.pop(name, None)
-        elif verb == "swap":
-            a, b = self.sets[name], self.sets[words[2]]
-            assert a[:2] == b[:2], "swap of unlike sets"
-            self.sets[name], self.sets[words[2]] = b, a
-        else:
-            entry = words[2]
-            address, _, rest = entry.partition(",")
-            proto, colon, tail = rest.partition(":")
-            if colon and proto in NUMBERS:
-                entry = f"{address},{NUMBERS[proto]}:{tail}"
-            kind, version, maxelem, entries = self.sets[name]
-            if verb == "add":
-                assert exist or entry not in entries
-                entries.add(entry)
-                assert len(entries) <= maxelem, "set is full"
-            else:
-                assert exist or entry in entries
-                entries.discard(entry)
-        return ""
-
-    def held(self) -> dict[str, frozenset[str]]:
-        return {name: frozenset(e) for name, (_, _, _, e) in self.sets.items()}
 
 
 def synced(count: int, *, local: frozenset[IPAddress]):

@@ -12,8 +12,8 @@ from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.factories import ep, node, port, service, slice_
-from tests.iptables.fake import ScriptedCommands
 from tests.iptables.test_policy import CLUSTER_IP, INSIDE, LB_IP, NODE_IP, OUTSIDE, key, reaches
+from tests.support import FakeIptables
 
 CONFIG = Config(node_name="node-a", service_cidrs=())
 
@@ -36,7 +36,7 @@ def test_the_agents_fallback_enforces_source_ranges_and_follows_a_change_at_once
     tracker.replace(
         SLICE, [slice_("lb", ports=(("http", 8080, "TCP"),), endpoints=[ep("10.244.1.9")])]
     )
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     proxier = Proxier(kernel=IptablesKernel(commands=commands), config=CONFIG)
     assert proxier.sync(tracker.take(), full=True).sync.report.ok
     chains = commands.tables[4]

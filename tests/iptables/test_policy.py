@@ -29,7 +29,7 @@ from ipvsproxy.sync.desired import Access, Desired, Reach
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
 from tests.factories import ep, node, port, service, slice_, translate
-from tests.iptables.fake import ScriptedCommands
+from tests.support import FakeIptables
 
 EVERYTHING = Ownership(service_cidrs=(ip_network("0.0.0.0/0"), ip_network("::/0")))
 CLUSTER_IP, LB_IP, EXTERNAL_IP = "10.96.0.30", "203.0.113.7", "198.51.100.9"
@@ -61,7 +61,7 @@ def balanced(**spec: Any) -> Desired:
 
 def fallback(desired: Desired, policy: NodePolicy = DEFAULT_NODE) -> dict[str, list[str]]:
     """The IPv4 nat chains the fallback writes for `desired`, given its access."""
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(
         commands=commands,
         node=policy,
@@ -221,7 +221,7 @@ def test_an_access_change_without_an_operation_is_repaired_by_the_next_full_sync
     open_ = balanced(loadBalancerSourceRanges=[])
     closed = balanced()
     current = {"desired": open_}
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(
         commands=commands,
         access=lambda keys: {
@@ -274,7 +274,7 @@ def test_refresh_rewrites_only_what_an_access_change_alters():
     LoadBalancer's chains (one restore) and nothing else."""
     open_ = balanced(loadBalancerSourceRanges=[])
     current = {"desired": open_}
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(
         commands=commands,
         access=lambda keys: {

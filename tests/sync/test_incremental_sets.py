@@ -27,7 +27,7 @@ from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import node, parse_node
-from tests.firewall.test_scale import FakeHost
+from tests.support import FakeHost
 from tests.sync.test_incremental import CONFIG, nodes, services, slices
 
 steps = st.lists(
