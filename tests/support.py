@@ -2,6 +2,7 @@
 
 - `Synced` drives the product's own pass (proxier.Proxier, as `diff`, `run --once` and the
   agent do) from lists of raw objects, the way the agent's watchers feed it: through a Tracker.
+- `sample`: one value of the agent's metrics.
 - `eventually`, `Clock`, `free_port`: waiting for a thread or process, a fake clock, a port.
 - Fake `Commands` (the tools the firewall and the iptables fallback run): `FakeHost` (ipset
   in memory, empty iptables), `FakeIptables` (iptables tables held as text),
@@ -18,6 +19,7 @@ from typing import Any
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables import Commands
+from ipvsproxy.metrics import Metrics
 from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
@@ -40,6 +42,11 @@ class Synced:
     def sync(self, objects: Sequence[Mapping[str, Any]], *, full: bool = True) -> PassResult:
         self.feed(objects)
         return self.proxier.sync(self.tracker.take(), full=full)
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    """One sample of the agent's metrics (0.0 when it was never recorded)."""
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
 # ---- waiting, time, ports -------------------------------------------------------------------

@@ -24,13 +24,9 @@ from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, service, slice_
-from tests.support import Clock, eventually
+from tests.support import Clock, eventually, sample
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
 def proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:

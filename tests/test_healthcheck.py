@@ -22,8 +22,7 @@ from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
-from tests.support import free_port
-from tests.test_agent_loop import sample
+from tests.support import free_port, sample
 
 LOCAL = ["127.0.0.1"]
 
