@@ -1,4 +1,5 @@
-"""The firewall rules' pure core: set entries, constant rules, plans, ipset scripts."""
+"""The firewall (firewall/kernel.py) and its pure core: set entries, constant rules, plans,
+ipset scripts, and the order of its writes."""
 
 from __future__ import annotations
 
