@@ -23,6 +23,8 @@ from ipvsproxy.proxier import Proxier
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced
 
+pytestmark = pytest.mark.vm
+
 NF = Path("/proc/sys/net/netfilter")
 HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
 NAMES = ("nf_conntrack_max", "nf_conntrack_tcp_timeout_established",

@@ -21,6 +21,8 @@ from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.schedulers import Scheduler
 from tests.factories import ep, node, slice_
 
+pytestmark = pytest.mark.vm
+
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:

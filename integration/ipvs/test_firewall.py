@@ -35,6 +35,8 @@ from ipvsproxy.sync.desired import from_objects
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced
 
+pytestmark = pytest.mark.vm
+
 LAN = "192.168.50"
 CLUSTER_CIDR = "10.244.0.0/16"
 SYSCTLS = (

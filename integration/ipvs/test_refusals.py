@@ -21,6 +21,8 @@ from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
 from tests.factories import ep, node, port, service, slice_
 from tests.support import free_port
 
+pytestmark = pytest.mark.vm
+
 SYNC_PERIOD = 2.0
 VIP = "10.96.7.7"
 

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 
 from integration.conftest import clean_ipvs
+from integration.ipvs.test_firewall import LAN, Node, cluster_ip, endpoints, objects
 from integration.lab import inside, request, sh
-from integration.test_firewall_vm import LAN, Node, cluster_ip, endpoints, objects
 from ipvsproxy.config import Config
 from tests.factories import ep, port, service, slice_
+
+pytestmark = pytest.mark.vm
 
 PROBE = 18080  # a test-owned listener in node 2's pod: it reports the peer address
 

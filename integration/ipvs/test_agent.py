@@ -31,6 +31,8 @@ from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
 from tests.support import free_port
 
+pytestmark = pytest.mark.vm
+
 NODE_IP = "10.250.1.1"  # the node's address on the client's link (lab.py topology)
 FOREIGN = ["-t", "192.168.99.1:443"]
 DRAIN = 12.0
