@@ -268,3 +268,28 @@ def udp_request(ns: str, vip: str, port: int) -> str:
         sock.settimeout(5)
         sock.sendto(b"?", (vip, port))
         return sock.recv(64).decode()
+
+
+@contextlib.contextmanager
+def built(
+    backends: int = 1,
+    *,
+    extra_client_addresses: int = 0,
+    node: str = "",
+    tag: str = "",
+    node_routes_to_client: bool = False,
+) -> Iterator[Lab]:
+    """The labs' fixtures' one recipe: `backends` backends (10.244.N.2) and one client
+    (10.250.1.2, plus `extra_client_addresses` more), closed when the block ends. With
+    `node_routes_to_client`, the node's default route leads to the client's link, so that
+    what the node itself sends to a VIP has a route (a node namespace has no other)."""
+    lab = Lab(node=node, tag=tag)
+    try:
+        for _ in range(backends):
+            lab.add_backend()
+        lab.add_client(extra=extra_client_addresses)
+        if node_routes_to_client:
+            lab._ip("route", "add", "default", "dev", "vc1")
+        yield lab
+    finally:
+        lab.close()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.lab import PORT, Lab, inside, request
+from integration.lab import PORT, Lab, built, inside, request
 from tests.factories import ep, node, port, service, slice_
 from tests.support import eventually, free_port
 
@@ -57,18 +57,12 @@ def objects(lab: Lab, backends: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    lab = Lab(node=NODE)
-    try:
-        lab.add_backend()
-        lab.add_backend()
-        lab.add_client()
+    with built(2, node=NODE) as lab:
         subprocess.run(
             ["ip", "netns", "exec", NODE, "iptables-restore", "--noflush"],
             input=f"*nat\n{FOREIGN}\nCOMMIT\n", text=True, check=True,
         )  # fmt: skip
         yield lab
-    finally:
-        lab.close()
 
 
 def free_port_in_node() -> int:
