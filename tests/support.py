@@ -2,7 +2,8 @@
 
 - `Synced` drives the product's own pass (proxier.Proxier, as `diff`, `run --once` and the
   agent do) from lists of raw objects, the way the agent's watchers feed it: through a Tracker.
-- `sample`: one value of the agent's metrics.
+- `Agent`, `driven_agent`, `next_run`: the agent's long-running pieces over FakeKernel (a
+  runner on a fake clock in `driven_agent`); `sample`: one value of the agent's metrics.
 - `eventually`, `Clock`, `free_port`: waiting for a thread or process, a fake clock, a port.
 - Fake `Commands` (the tools the firewall and the iptables fallback run): `FakeHost` (ipset
   in memory, empty iptables), `FakeIptables` (iptables tables held as text),
@@ -17,11 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipvsproxy.agent_loop import AgentLoop
+from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables import Commands
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.proxier import PassResult, Proxier
+from ipvsproxy.serve import Health
+from ipvsproxy.sync.drain import Drainer
+from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
+from ipvsproxy.testing import FakeKernel
 
 
 @dataclass
@@ -86,6 +93,62 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# ---- the agent loop over FakeKernel -------------------------------------------------------
+
+
+AGENT_CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
+
+
+def agent_proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:
+    """The agent's proxier (agent._proxier): draining removed endpoints."""
+    drainer = Drainer(timeout=AGENT_CONFIG.drain_timeout, clock=clock)
+    return Proxier(kernel=kernel, config=AGENT_CONFIG, drainer=drainer, clock=clock)
+
+
+class Agent:
+    """The agent's long-running pieces over FakeKernel: tracker, sync pass, metrics, health
+    (the sync pass's runner a stub; `driven_agent` has a real one)."""
+
+    def __init__(self) -> None:
+        self.changes: list[str] = []
+        self.tracker = Tracker(on_change=self.changes.append)
+        self.kernel = FakeKernel()
+        self.metrics = Metrics()
+        self.health = Health(timeout=60)
+        self.sync = AgentLoop(
+            proxier=agent_proxier(self.kernel),
+            tracker=self.tracker,
+            metrics=self.metrics,
+            health=self.health,
+        )
+        self.sync.runner = Runner(lambda: None, min_interval=0, max_interval=30)
+
+    def feed(self, *objects) -> None:
+        for kind in (SERVICE, SLICE):
+            self.tracker.replace(kind, [o for o in objects if o["kind"] == kind])
+
+
+def driven_agent() -> tuple[Agent, Runner, Clock]:
+    """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
+    clock = Clock(1000.0)  # one fake clock for the sync pass and its runner
+    agent = Agent()
+    agent.sync = AgentLoop(
+        proxier=agent_proxier(agent.kernel, clock),
+        tracker=agent.tracker,
+        metrics=agent.metrics,
+        health=agent.health,
+        clock=clock,
+    )
+    runner = Runner(agent.sync, min_interval=0, max_interval=AGENT_CONFIG.sync_period, clock=clock)
+    agent.sync.runner = runner
+    return agent, runner, clock
+
+
+def next_run(runner: Runner, clock: Clock) -> float:
+    """Seconds from now until the runner's next run is due."""
+    return runner.due(clock.now) - clock.now
 
 
 # ---- fake Commands: the firewall's and the fallback's tools ---------------------------------

@@ -7,52 +7,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
 import pytest
 
-from ipvsproxy.agent_loop import DRAIN_POLL, AgentLoop
-from ipvsproxy.config import Config
+from ipvsproxy.agent_loop import DRAIN_POLL
 from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.manifest_source import ManifestSource
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
-from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
-from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
-from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, service, slice_
-from tests.support import Clock, eventually, sample
-
-CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
-
-
-def proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:
-    """The agent's proxier (agent._proxier): draining removed endpoints."""
-    drainer = Drainer(timeout=CONFIG.drain_timeout, clock=clock)
-    return Proxier(kernel=kernel, config=CONFIG, drainer=drainer, clock=clock)
-
-
-class Agent:
-    def __init__(self) -> None:
-        self.changes: list[str] = []
-        self.tracker = Tracker(on_change=self.changes.append)
-        self.kernel = FakeKernel()
-        self.metrics = Metrics()
-        self.health = Health(timeout=60)
-        self.sync = AgentLoop(
-            proxier=proxier(self.kernel),
-            tracker=self.tracker,
-            metrics=self.metrics,
-            health=self.health,
-        )
-        self.sync.runner = Runner(lambda: None, min_interval=0, max_interval=30)
-
-    def feed(self, *objects) -> None:
-        for kind in (SERVICE, SLICE):
-            self.tracker.replace(kind, [o for o in objects if o["kind"] == kind])
+from tests.support import AGENT_CONFIG as CONFIG
+from tests.support import Agent, driven_agent, eventually, next_run, sample
 
 
 def web_slice(*addresses: str, **meta):
@@ -102,27 +69,6 @@ def test_tracker_events_and_change_callbacks():
     agent.tracker.event(SERVICE, "DELETED", service("web"))
     assert agent.changes == [SLICE, SERVICE]
     assert agent.tracker.counts() == {SERVICE: 0, SLICE: 1}
-
-
-def driven_agent() -> tuple[Agent, Runner, Clock]:
-    """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
-    clock = Clock(1000.0)  # one fake clock for the sync pass and its runner
-    agent = Agent()
-    agent.sync = AgentLoop(
-        proxier=proxier(agent.kernel, clock),
-        tracker=agent.tracker,
-        metrics=agent.metrics,
-        health=agent.health,
-        clock=clock,
-    )
-    runner = Runner(agent.sync, min_interval=0, max_interval=CONFIG.sync_period, clock=clock)
-    agent.sync.runner = runner
-    return agent, runner, clock
-
-
-def next_run(runner: Runner, clock: Clock) -> float:
-    """Seconds from now until the runner's next run is due."""
-    return runner.due(clock.now) - clock.now
 
 
 def test_failed_operation_is_retried_after_1_2_4_s_up_to_the_period_and_reported():

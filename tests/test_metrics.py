@@ -23,8 +23,7 @@ from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, port, service, slice_
-from tests.support import FakeHost, sample
-from tests.test_agent_loop import Agent
+from tests.support import Agent, FakeHost, sample
 
 
 def linear(start: float, width: float, count: int) -> list[float]:

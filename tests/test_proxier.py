@@ -22,10 +22,9 @@ from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, node, port, service, slice_, translate
+from tests.factories import OWN, ep, node, port, service, slice_, translate
 from tests.strategies import foreign_states, states
 from tests.support import FakeHost
-from tests.sync.test_plan import OWN
 
 CONFIG = Config(node_name="node-a")
 

@@ -20,8 +20,7 @@ from ipvsproxy.sync.failures import Failing
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
-from tests.support import Clock, sample
-from tests.test_agent_loop import driven_agent, next_run
+from tests.support import Clock, driven_agent, next_run, sample
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
 
