@@ -8,11 +8,14 @@
 - Fake `Commands` (the tools the firewall and the iptables fallback run): `FakeHost` (ipset
   in memory, empty iptables), `FakeIptables` (iptables tables held as text),
   `ScriptedCommands` (answers by argv prefix) and `RecordingCommands` (records, answers "").
+- `ScriptedKernel`: a netlink socket answering batched requests like the kernel (an
+  NLMSG_ERROR for every refused request, by its position, then the ack asked for).
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables import Commands
 from ipvsproxy.metrics import Metrics
+from ipvsproxy.netlink import codec
 from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.drain import Drainer
@@ -345,3 +349,40 @@ class FakeIptables(Commands):
             for line in payload.splitlines()
             if line.startswith(":")
         }
+
+
+# ---- a scripted netlink socket (GenlSocket, RtnlSocket) ---------------------------------------
+
+
+def error(seq: int, errno: int) -> bytes:
+    """The kernel's NLMSG_ERROR (errno 0: the ack) for request `seq`."""
+    return struct.pack("=IHHIIi", 36, codec.NLMSG_ERROR, 0, seq, 0, -errno) + bytes(16)
+
+
+class ScriptedKernel:
+    """`answer(position, type, payload)` is the errno of each request (0: done)."""
+
+    def __init__(self, answer: Callable[[int, int, memoryview], int]) -> None:
+        self.answer, self.seen = answer, 0
+        self.sends: list[bytes] = []
+        self._queue: list[bytes] = []
+
+    def send(self, data: bytes) -> int:
+        self.sends.append(data)
+        replies = []
+        for kind, flags, seq, payload in codec.messages(data):
+            assert flags & codec.NLM_F_REQUEST
+            code = self.answer(self.seen, kind, payload)
+            self.seen += 1
+            if code or flags & codec.NLM_F_ACK:
+                replies.append(error(seq, code))
+        self._queue.append(b"".join(replies))
+        return len(data)
+
+    def recv_into(self, buf: bytearray) -> int:
+        data = self._queue.pop(0)
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        pass
