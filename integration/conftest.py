@@ -1,6 +1,8 @@
-"""Real-kernel tests, run by the README's test command: integration/netns/ (marked `netns`)
-on this host's own kernel in throw-away network namespaces, everything else inside the IPVS
-VM by scripts/vm-test.
+"""Real-kernel tests, run by the README's test command. Markers choose the environment:
+`netns` (integration/netns/, `scripts/test` runs `-m netns`) on this host's own kernel in
+throw-away network namespaces, `vm` (integration/ipvs/, test_node.py, test_conntrack_vm.py)
+inside the IPVS VM (`scripts/vm-test` runs `-m vm`). Every test carries exactly one of the
+two, or collection fails: no test can fall outside both suites.
 
 IPVS tests need root and a kernel with IPVS; netns tests root, iptables and namespaces.
 Elsewhere they skip, except under CI=true, where a missing prerequisite is a failure: CI
@@ -44,6 +46,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="integration/test_node.py checks remote nodes (--hosts, --ssh-config: the "
         "Vagrant cluster), not a local agent",
     )
+
+
+ENVIRONMENTS = ("vm", "netns")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each real-kernel test runs in exactly one environment, named by its module's marker."""
+    for item in items:
+        marked = [m for m in ENVIRONMENTS if item.get_closest_marker(m) is not None]
+        if len(marked) != 1 and item.path.is_relative_to(Path(__file__).parent):
+            raise pytest.UsageError(f"{item.nodeid}: marked {marked}, needs one of {ENVIRONMENTS}")
 
 
 @pytest.fixture(autouse=True)

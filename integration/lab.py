@@ -5,6 +5,9 @@ Sockets belong to the network namespace they were created in, and setns() switch
 calling thread, so the test process briefly enters a namespace to create a socket and then
 uses it from anywhere: no helper processes to start (Python starts slowly under emulation).
 
+`built()` makes the usual lab of one node; `two_nodes()` the IPVS firewall's two nodes on one
+bridge (see below), with `objects`, `cluster_ip` and `endpoints` for their Services.
+
 Topology (the node running ipvsproxy = the root namespace, or with `Lab(node="NS")` a
 namespace of its own, which the lab creates with forwarding on; the iptables tests on the
 host use that, so nothing of the host's own network changes):
@@ -22,8 +25,20 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from ipaddress import ip_network
+from typing import Any
+
+from ipvsproxy.config import Config
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.nlread import SetReader
+from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.netlink import NetlinkKernel
+from ipvsproxy.proxier import PassResult, Proxier
+from tests.factories import ep, node, port, service, slice_
+from tests.support import Synced
 
 CLONE_NEWNET = 0x40000000
 PORT = 8000
@@ -268,3 +283,151 @@ def udp_request(ns: str, vip: str, port: int) -> str:
         sock.settimeout(5)
         sock.sendto(b"?", (vip, port))
         return sock.recv(64).decode()
+
+
+@contextlib.contextmanager
+def built(
+    backends: int = 1,
+    *,
+    extra_client_addresses: int = 0,
+    node: str = "",
+    tag: str = "",
+    node_routes_to_client: bool = False,
+) -> Iterator[Lab]:
+    """The labs' fixtures' one recipe: `backends` backends (10.244.N.2) and one client
+    (10.250.1.2, plus `extra_client_addresses` more), closed when the block ends. With
+    `node_routes_to_client`, the node's default route leads to the client's link, so that
+    what the node itself sends to a VIP has a route (a node namespace has no other)."""
+    lab = Lab(node=node, tag=tag)
+    try:
+        for _ in range(backends):
+            lab.add_backend()
+        lab.add_client(extra=extra_client_addresses)
+        if node_routes_to_client:
+            lab._ip("route", "add", "default", "dev", "vc1")
+        yield lab
+    finally:
+        lab.close()
+
+
+# ---- two nodes on one bridge: the IPVS firewall's lab ---------------------------------------
+#
+#   client ext1 .100 ─┐                         ┌─ pods 10.244.1.x (node1)
+#   client ext2 .200 ─┼─ bridge ─ node1 .1 ─────┘
+#                     └───────── node2 .2 ─────── pods 10.244.2.x (node2)
+#
+# Each "node" is a network namespace with its own IPVS table, dummy device, ipsets and
+# iptables, programmed by ipvsproxy's own sync path; pods are namespaces behind their node.
+
+LAN = "192.168.50"
+CLUSTER_CIDR = "10.244.0.0/16"
+SYSCTLS = (
+    "net.ipv4.ip_forward=1",
+    "net.ipv4.vs.conntrack=1",
+    "net.ipv4.vs.expire_nodest_conn=1",
+    "net.ipv4.vs.expire_quiescent_template=1",
+)
+
+
+class Node:
+    """One node: its namespace, its lab of pods, ipvsproxy's kernel state in it."""
+
+    def __init__(self, n: int) -> None:
+        self.name, self.ns, self.address = f"node-{n}", f"ipvsp-n{n}", f"{LAN}.{n}"
+        self.lab = Lab(node=self.ns, tag=f"n{n}")
+        for setting in SYSCTLS:
+            sh("ip", "netns", "exec", self.ns, "sysctl", "-qw", setting)
+        attach(self.ns, f"lan{n}", f"{self.address}/24")
+        with inside(self.ns):
+            self.kernel = NetlinkKernel()
+            reader = SetReader()  # reads this namespace's sets
+            writer = SetWriter()  # ...and writes them
+        commands = Commands(prefix=("ip", "netns", "exec", self.ns))
+        self.firewall = Firewall(commands=commands, reader=reader, writer=writer)
+        self.firewall.check()
+        self.firewall_s = 0.0  # the last firewall step's duration
+        self.config = Config(
+            node_name=self.name,
+            cluster_cidrs=(ip_network(CLUSTER_CIDR),),
+            detect_local_mode="ClusterCIDR",
+            nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
+        )
+        proxier = Proxier(kernel=self.kernel, config=self.config, firewall=self.firewall)
+        self.synced = Synced(proxier)
+
+    def sync(self, objects: list[dict[str, Any]], *, full: bool = True) -> PassResult:
+        """One pass of the agent's proxier, the firewall's step included; every IPVS and
+        firewall step must succeed."""
+        result = self.synced.sync(objects, full=full)
+        assert result.sync.report.failures == ()
+        assert result.firewall_error == ""
+        self.firewall_s = result.firewall_seconds
+        return result
+
+    def close(self) -> None:
+        self.kernel.close()
+        if self.firewall.reader is not None:
+            self.firewall.reader.close()
+        if self.firewall.writer is not None:
+            self.firewall.writer.close()
+        self.lab.close()
+
+
+def attach(ns: str, link: str, cidr: str) -> None:
+    """A veth from namespace `ns` (eth-lan) to the bridge in the VM's root namespace."""
+    sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth-lan", "netns", ns)
+    sh("ip", "link", "set", link, "master", "ipvsp-br", "up")
+    sh("ip", "-n", ns, "addr", "add", cidr, "dev", "eth-lan")
+    sh("ip", "-n", ns, "link", "set", "eth-lan", "up")
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+@contextlib.contextmanager
+def two_nodes(
+    pods: tuple[tuple[str, ...], tuple[str, ...]],
+    *,
+    configure: Callable[[Node], None] | None = None,
+) -> Iterator[tuple[Node, Node]]:
+    """Two nodes on the bridge ipvsp-br with `pods` behind each (node 1's, node 2's), routed
+    to each other's pods, from an empty IPVS table; `configure` adjusts each node before its
+    pods are added. Everything is removed when the block ends."""
+    from integration.conftest import clean_ipvs
+
+    clean_ipvs()
+    subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+    sh("ip", "link", "add", "ipvsp-br", "type", "bridge")
+    sh("ip", "link", "set", "ipvsp-br", "up")
+    nodes: list[Node] = []
+    try:
+        nodes = [Node(1), Node(2)]
+        n1, n2 = nodes
+        if configure is not None:
+            for n in nodes:
+                configure(n)
+        for n, addresses in zip(nodes, pods, strict=True):
+            for address in addresses:
+                n.lab.add_backend(address)
+        sh("ip", "-n", n1.ns, "route", "add", "10.244.2.0/24", "via", n2.address)
+        sh("ip", "-n", n2.ns, "route", "add", "10.244.1.0/24", "via", n1.address)
+        yield n1, n2
+    finally:
+        for n in nodes:
+            n.close()
+        subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+
+
+def cluster_ip(name: str, vip: str) -> dict[str, Any]:
+    made: dict[str, Any] = service(name, cluster_ips=(vip,), ports=[port("p", 80, "TCP", PORT)])
+    return made
+
+
+def objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node("node-1", addresses=(f"{LAN}.1",)), node("node-2", addresses=(f"{LAN}.2",)),
+            *extra]  # fmt: skip
+
+
+def endpoints(name: str, *pods: tuple[str, str], proto: str = "TCP") -> dict[str, Any]:
+    made: dict[str, Any] = slice_(
+        name, ports=(("p", PORT, proto),), endpoints=[ep(a, node=where) for a, where in pods]
+    )
+    return made

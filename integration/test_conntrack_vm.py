@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from integration.lab import PORT, Lab, inside
+from integration.lab import PORT, Lab, built, inside
 from integration.services import CONFIG, NODE_IP
 from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.iptables.kernel import Commands
@@ -22,6 +22,8 @@ from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.proxier import Proxier
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced
+
+pytestmark = pytest.mark.vm
 
 NF = Path("/proc/sys/net/netfilter")
 HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
@@ -109,13 +111,10 @@ CT_RULE = ["INPUT", "-m", "conntrack", "--ctstate", "NEW",
 def lab(clean, conntrack) -> Iterator[Lab]:
     sysctls.ensure(sysctls.required(os.uname().release))  # vs.conntrack=1, as the agent
     subprocess.run(["iptables", "-I", *CT_RULE], check=True)  # conntrack hooks on, as on a node
-    lab = Lab()
     try:
-        lab.add_backend()
-        lab.add_client()
-        yield lab
+        with built(1) as lab:
+            yield lab
     finally:
-        lab.close()
         subprocess.run(["iptables", "-D", *CT_RULE], check=False)
 
 

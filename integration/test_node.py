@@ -36,7 +36,7 @@ from integration.lab import Lab
 from integration.services import EXAMPLE_NODE_ADDRESS, EXAMPLE_PODS
 from ipvsproxy.schedulers import Scheduler
 
-pytestmark = pytest.mark.node
+pytestmark = [pytest.mark.vm, pytest.mark.node]
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULER_ANNOTATION = "ipvsproxy.io/scheduler"
 HEALTHZ = "http://127.0.0.1:10256/healthz"

@@ -1,12 +1,27 @@
-"""Raw Kubernetes objects as the API serves them, for table-driven tests."""
+"""Raw Kubernetes objects as the API serves them, for table-driven tests; and the IPVS tables
+the tests expect (`V`, `R`, `S`, a web Service's endpoints on this node and the other), and
+the ownership of the tests' Service CIDRs (`OWN`)."""
 
 from __future__ import annotations
 
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView, read
 from ipvsproxy.config import Config, parse_cidrs
+from ipvsproxy.model import (
+    IpvsState,
+    Proto,
+    RealServer,
+    RSKey,
+    ServiceFlags,
+    VirtualServer,
+    VSKey,
+    state_of,
+)
+from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.desired import Desired, from_objects
+from ipvsproxy.sync.ownership import Ownership
 
 
 def port(name="http", number=80, protocol="TCP", target: Any = 8080, node_port=None):
@@ -112,3 +127,27 @@ def parse_node(obj: Any) -> NodeView:
     view = read("Node", obj).view
     assert isinstance(view, NodeView), read("Node", obj).warning
     return view
+
+
+# ---- expected IPVS tables ---------------------------------------------------------------------
+
+
+def V(addr, number=80, proto="TCP", sched="rr", flags=0, timeout=0) -> VirtualServer:
+    key = VSKey(ip_address(addr), number, Proto[proto])
+    return VirtualServer(key, Scheduler(sched), ServiceFlags(flags), timeout)
+
+
+def R(addr, number=8080, weight=1) -> RealServer:
+    return RealServer(RSKey(ip_address(addr), number), weight)
+
+
+def S(services: dict[VirtualServer, list[RealServer]], *bound: str) -> IpvsState:
+    return state_of(services, frozenset(ip_address(b) for b in bound))
+
+
+WEB_SLICE = slice_(endpoints=[ep("10.244.1.1"), ep("10.244.2.1", node="node-b")])
+BOTH = [R("10.244.1.1"), R("10.244.2.1")]
+LOCAL = [R("10.244.1.1")]
+
+# what ipvsproxy may delete: the tests' Service CIDRs
+OWN = Ownership(service_cidrs=(ip_network("10.96.0.0/16"), ip_network("fd00:96::/64")))

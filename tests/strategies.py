@@ -1,8 +1,11 @@
-"""Hypothesis strategies for IPVS state: owned (inside the service CIDR) and foreign."""
+"""Hypothesis strategies for IPVS state: owned (inside the service CIDR) and foreign; and
+for raw objects that change (`services`, `slices`, `nodes`: few names and addresses, so
+that they collide), as the incremental-path tests feed them."""
 
 from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -17,6 +20,7 @@ from ipvsproxy.model import (
     VSKey,
 )
 from ipvsproxy.schedulers import Scheduler, allowed_flags
+from tests.factories import ep, node, port, service, slice_
 
 # Owned VIPs live in 10.96.0.0/24 and fd00:96::/120; foreign ones in TEST-NET-1/documentation v6.
 owned_v4 = st.integers(0, 15).map(lambda n: ip_address(f"10.96.0.{n}"))
@@ -94,4 +98,77 @@ def restrict(state: IpvsState, keep) -> IpvsState:
         {k: v for k, v in state.services.items() if keep(k)},
         {k: v for k, v in state.dests.items() if keep(k)},
         state.bound,
+    )
+
+
+# ---- raw objects that change ----------------------------------------------------------------
+
+NAMES = ("a", "b", "c", "d")
+VIPS = ("10.96.0.1", "10.96.0.2", "10.96.0.3")  # few: Services collide on them
+PODS = {f"10.244.{n}.{i}": f"node-{'ab'[n]}" for n in (0, 1) for i in (1, 2, 3)}  # ip -> node
+
+service_ports = st.lists(
+    st.sampled_from(
+        [
+            port("http", 80, node_port=30080),
+            port("dns", 53, "UDP", node_port=30053),
+            port("https", 443),
+        ]
+    ),
+    min_size=1,
+    max_size=2,
+    unique_by=lambda p: p["name"],
+)
+
+
+@st.composite
+def services(draw: st.DrawFn) -> Any:
+    kind = draw(st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]))
+    spec: dict[str, Any] = {}
+    if draw(st.booleans()):
+        spec["externalIPs"] = draw(st.lists(st.sampled_from(VIPS), max_size=2))
+    if draw(st.booleans()):
+        spec["externalTrafficPolicy"] = "Local"
+    if draw(st.booleans()):
+        spec["sessionAffinity"] = "ClientIP"
+    status = None
+    if kind == "LoadBalancer" and draw(st.booleans()):
+        status = {"loadBalancer": {"ingress": [{"ip": draw(st.sampled_from(VIPS))}]}}
+    headless = draw(st.integers(0, 9)) == 0
+    return service(
+        draw(st.sampled_from(NAMES)),
+        type=kind,
+        cluster_ips=("None",) if headless else (draw(st.sampled_from(VIPS)),),
+        ports=draw(service_ports),
+        status=status,
+        **spec,
+    )
+
+
+@st.composite
+def slices(draw: st.DrawFn) -> Any:
+    endpoints = [
+        ep(
+            ip,
+            ready=draw(st.booleans()),
+            serving=draw(st.sampled_from([None, True, False])),
+            terminating=draw(st.sampled_from([None, True])),
+            node=PODS[ip],
+        )
+        for ip in draw(st.lists(st.sampled_from(sorted(PODS)), max_size=3, unique=True))
+    ]
+    owner = draw(st.sampled_from(NAMES))
+    return slice_(
+        owner,
+        name=f"slice-{draw(st.integers(0, 4))}",
+        ports=(("http", 8080, "TCP"), ("dns", 5353, "UDP"), ("https", 8443, "TCP")),
+        endpoints=endpoints,
+    )
+
+
+def nodes() -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(
+        node,
+        st.just("node-a"),
+        st.lists(st.sampled_from(["192.168.0.10", "192.168.0.11", VIPS[0]]), max_size=2),
     )

@@ -7,55 +7,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
 import pytest
 
-from ipvsproxy.agent_loop import DRAIN_POLL, AgentLoop
-from ipvsproxy.config import Config
+from ipvsproxy.agent_loop import DRAIN_POLL
 from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.manifest_source import ManifestSource
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
-from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
-from ipvsproxy.sync.drain import Drainer
-from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
-from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, service, slice_
-
-CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels or None) or 0.0
-
-
-def proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:
-    """The agent's proxier (agent._proxier): draining removed endpoints."""
-    drainer = Drainer(timeout=CONFIG.drain_timeout, clock=clock)
-    return Proxier(kernel=kernel, config=CONFIG, drainer=drainer, clock=clock)
-
-
-class Agent:
-    def __init__(self) -> None:
-        self.changes: list[str] = []
-        self.tracker = Tracker(on_change=self.changes.append)
-        self.kernel = FakeKernel()
-        self.metrics = Metrics()
-        self.health = Health(timeout=60)
-        self.sync = AgentLoop(
-            proxier=proxier(self.kernel),
-            tracker=self.tracker,
-            metrics=self.metrics,
-            health=self.health,
-        )
-        self.sync.runner = Runner(lambda: None, min_interval=0, max_interval=30)
-
-    def feed(self, *objects) -> None:
-        for kind in (SERVICE, SLICE):
-            self.tracker.replace(kind, [o for o in objects if o["kind"] == kind])
+from tests.support import AGENT_CONFIG as CONFIG
+from tests.support import Agent, driven_agent, eventually, next_run, sample
 
 
 def web_slice(*addresses: str, **meta):
@@ -105,37 +69,6 @@ def test_tracker_events_and_change_callbacks():
     agent.tracker.event(SERVICE, "DELETED", service("web"))
     assert agent.changes == [SLICE, SERVICE]
     assert agent.tracker.counts() == {SERVICE: 0, SLICE: 1}
-
-
-class Clock:
-    """One fake clock for the sync pass and its runner: no sleeping, exact times."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def driven_agent() -> tuple[Agent, Runner, Clock]:
-    """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
-    clock = Clock()
-    agent = Agent()
-    agent.sync = AgentLoop(
-        proxier=proxier(agent.kernel, clock),
-        tracker=agent.tracker,
-        metrics=agent.metrics,
-        health=agent.health,
-        clock=clock,
-    )
-    runner = Runner(agent.sync, min_interval=0, max_interval=CONFIG.sync_period, clock=clock)
-    agent.sync.runner = runner
-    return agent, runner, clock
-
-
-def next_run(runner: Runner, clock: Clock) -> float:
-    """Seconds from now until the runner's next run is due."""
-    return runner.due(clock.now) - clock.now
 
 
 def test_failed_operation_is_retried_after_1_2_4_s_up_to_the_period_and_reported():
@@ -301,21 +234,14 @@ def test_manifest_source_rereads_changed_files_and_keeps_last_good(tmp_path, cap
     try:
         changes.clear()
         path.write_text(yaml.safe_dump_all([service("web"), web_slice("10.244.0.1", "10.244.0.2")]))
-        _eventually(lambda: SLICE in changes)  # (a half-written file may count twice)
+        eventually(lambda: SLICE in changes, 5.0)  # (a half-written file may count twice)
         assert set(changes) == {SLICE}
         path.write_text("kind: [broken")
-        _eventually(lambda: "keeping the last good ones" in caplog.text)
+        eventually(lambda: "keeping the last good ones" in caplog.text, 5.0)
         assert tracker.counts()[SLICE] == 1
     finally:
         stop.set()
         thread.join(5)
-
-
-def _eventually(check, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_failed_firewall_restore_is_counted_and_the_pass_does_not_count_as_healthy(

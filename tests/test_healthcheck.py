@@ -22,15 +22,9 @@ from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
-from tests.test_agent_loop import sample
+from tests.support import free_port, sample
 
 LOCAL = ["127.0.0.1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port_: int, path: str = "/") -> tuple[int, dict[str, str], dict[str, Any]]:

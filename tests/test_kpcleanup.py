@@ -1,5 +1,5 @@
 """Which of kube-proxy's chains `cleanup --kube-proxy` selects (pure; the real thing is in
-integration/netns/test_kpcleanup.py and integration/test_kpcleanup_vm.py)."""
+integration/netns/test_kpcleanup.py and integration/ipvs/test_kpcleanup.py)."""
 
 from __future__ import annotations
 

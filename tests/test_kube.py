@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from ipaddress import ip_address
 from typing import Any
 
@@ -16,6 +15,7 @@ from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ConfigError, WatchError
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
+from tests.support import eventually
 
 FAST = kube.Settings(watch_timeout=2, inactivity_timeout=5, backoff=Backoff(first=0.05, cap=0.3))
 
@@ -31,14 +31,6 @@ def svc(name: str, ip: str = "10.96.0.10", ns: str = "demo") -> dict[str, Any]:
 
 def node(name: str) -> dict[str, Any]:
     return {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name}}
-
-
-def eventually(check: Callable[[], object], timeout: float = 10.0, run=None) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s ({run and run.error!r})")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -107,7 +99,7 @@ def watch(server, tmp_path):
 def test_lists_then_follows_adds_changes_and_deletes(server, watch):
     server.put(svc("a"))
     run = watch()
-    eventually(lambda: run.names() == {"a"}, run=run)
+    eventually(lambda: run.names() == {"a"}, detail=lambda: repr(run.error))
     assert run.tracker.synced()
     server.put(svc("b", "10.96.0.11"))
     eventually(lambda: run.names() == {"a", "b"})

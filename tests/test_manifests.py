@@ -1,3 +1,6 @@
+"""Manifest files (manifests.py): YAML and JSON documents, lists and directories read into
+objects; a bad file, path or nesting is one clear error naming it, never a silent gap."""
+
 from __future__ import annotations
 
 import errno

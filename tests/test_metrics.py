@@ -1,6 +1,7 @@
 """Metrics as kube-proxy v1.36 exports them (pkg/proxy/metrics/metrics.go): names, types,
 labels, help texts and buckets, the pending gauges read from the tracker, and a sync
-duration that covers the whole pass, firewall rules included."""
+duration that covers the whole pass, firewall rules included; the Services whose Local
+traffic policy found no endpoint on this node, by policy and IP family."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, node, service, slice_
-from tests.firewall.test_scale import FakeHost
+from tests.factories import ep, node, port, service, slice_
+from tests.support import Agent, FakeHost, sample
 
 
 def linear(start: float, width: float, count: int) -> list[float]:
@@ -145,8 +146,8 @@ def test_kube_proxys_metrics_have_its_type_labels_help_and_buckets(name):
     assert family.type == kind
     assert family.documentation == help_text
     assert family.samples, name
-    for sample in family.samples:
-        assert set(sample.labels) - {"le"} == labels, sample
+    for point in family.samples:
+        assert set(point.labels) - {"le"} == labels, point
     if buckets is not None:
         bounds = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
         per_series = bounds[: len(buckets) + 1]
@@ -184,10 +185,6 @@ def test_counters_render_with_total_and_ipvsproxys_own_metrics_stay():
         assert line in text.splitlines(), line
     for name in ("virtual_servers", "real_servers", "draining_real_servers"):
         assert f"\nipvsproxy_{name} " in text
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels or None) or 0.0
 
 
 def test_restore_failures_are_counted_per_family_ipv4_by_default():
@@ -428,3 +425,36 @@ def test_the_dashboard_is_grafana_10_on_a_prometheus_data_source_variable():
 def test_no_created_series_as_kube_proxy_writes_none():
     _, text = families(every_metric_recorded())
     assert "_created" not in text
+
+
+# ---- no-local-endpoint Services (kubeproxy_sync_proxy_rules_no_local_endpoints_total) ----
+# kubeproxy_sync_proxy_rules_no_local_endpoints_total, as kube-proxy exports it: Services
+# whose Local traffic policy found no endpoint on this node, by policy and IP family.
+
+
+NAME = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
+
+
+def test_services_falling_back_from_local_are_counted_per_policy_and_family():
+    agent = Agent()
+    internal = service("in", cluster_ips=("10.96.0.1",), internalTrafficPolicy="Local")
+    external = service(
+        "ex",
+        cluster_ips=("10.96.0.2",),
+        ports=[port("http", 80)],
+        externalIPs=["203.0.113.5"],
+        externalTrafficPolicy="Local",
+    )
+    elsewhere = [ep("10.244.9.1", node="node-b")]  # no endpoint on node-a
+    agent.feed(
+        internal, external, slice_("in", endpoints=elsewhere), slice_("ex", endpoints=elsewhere)
+    )
+    agent.sync()
+    assert sample(agent.metrics, NAME, traffic_policy="internal", ip_family="IPv4") == 1
+    assert sample(agent.metrics, NAME, traffic_policy="external", ip_family="IPv4") == 1
+    assert sample(agent.metrics, NAME, traffic_policy="internal", ip_family="IPv6") == 0
+    here = [ep("10.244.0.1", node="node-a"), *elsewhere]
+    agent.feed(internal, external, slice_("in", endpoints=here), slice_("ex", endpoints=here))
+    agent.sync()
+    assert sample(agent.metrics, NAME, traffic_policy="internal", ip_family="IPv4") == 0
+    assert sample(agent.metrics, NAME, traffic_policy="external", ip_family="IPv4") == 0

@@ -1,6 +1,6 @@
 """The one proxier with the firewall: full passes observe the host, partial passes only write.
 
-FakeKernel for IPVS and the firewall tests' FakeHost for ipset/iptables (it fails like the
+FakeKernel for IPVS and tests.support's FakeHost for ipset/iptables (it fails like the
 tools do). After every pass the host's sets equal what a from-scratch computation of the
 final objects wants; a partial pass runs at most one `ipset restore` (and no observation).
 """
@@ -22,10 +22,9 @@ from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, node, port, service, slice_, translate
-from tests.firewall.test_scale import FakeHost
+from tests.factories import OWN, ep, node, port, service, slice_, translate
 from tests.strategies import foreign_states, states
-from tests.sync.test_plan import OWN
+from tests.support import FakeHost
 
 CONFIG = Config(node_name="node-a")
 
@@ -199,9 +198,9 @@ def test_a_failed_firewall_restore_in_a_full_pass_is_reported_with_its_ip_versio
 
 def test_the_fallback_failed_restore_counts_once_however_many_operations_it_carried():
     from ipvsproxy.iptables import IptablesKernel
-    from tests.iptables.fake import ScriptedCommands
+    from tests.support import FakeIptables
 
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(commands=commands)
     proxier = Proxier(kernel=kernel, config=CONFIG)
     tracker = Tracker(node_name="node-a")

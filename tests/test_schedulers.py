@@ -1,3 +1,6 @@
+"""The schedulers (schedulers.py): which kernel module each needs, their flags parsed,
+formatted and checked per scheduler, the annotation and the node default resolved."""
+
 from __future__ import annotations
 
 import pytest

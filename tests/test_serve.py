@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 import pytest
 
 from ipvsproxy.serve import HttpServer
+from tests.support import eventually
 
 ROUTES = {"/healthz": lambda: (200, "text/plain", b"ok\n")}
 
@@ -59,7 +60,7 @@ def test_a_silent_connection_is_closed_after_the_request_timeout():
     with serving(workers=2, request_timeout=0.5) as server, ExitStack() as stack:
         sock = silent_client(server, stack)
         assert 0.3 <= closed_after(sock) < 3  # the client's own timeout (10 s) never fires
-        _eventually(lambda: handler_threads(server) == 0)
+        eventually(lambda: handler_threads(server) == 0, 5.0)
 
 
 def test_a_trickling_client_is_cut_at_the_deadline_of_the_whole_request():
@@ -102,7 +103,7 @@ def test_a_normal_request_is_answered_at_once_while_slow_clients_hold_other_work
     with serving(workers=3, request_timeout=5) as server, ExitStack() as stack:
         for _ in range(2):
             silent_client(server, stack)
-        _eventually(lambda: handler_threads(server) == 2)
+        eventually(lambda: handler_threads(server) == 2, 5.0)
         started = time.monotonic()
         assert get(server) == b"ok\n"
         assert time.monotonic() - started < 2  # not after the slow ones' 5 s timeout
@@ -111,7 +112,7 @@ def test_a_normal_request_is_answered_at_once_while_slow_clients_hold_other_work
 def test_closing_the_server_does_not_wait_for_a_silent_client():
     with ExitStack() as stack, serving(workers=1, request_timeout=30) as server:
         silent_client(server, stack)
-        _eventually(lambda: handler_threads(server) == 1)
+        eventually(lambda: handler_threads(server) == 1, 5.0)
         started = time.monotonic()
     assert time.monotonic() - started < 5  # the server closed before the client
 
@@ -132,10 +133,3 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     finally:
         sock.setblocking(True)
         sock.settimeout(10)
-
-
-def _eventually(check, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)

@@ -10,17 +10,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from integration.lab import PORT, Lab, inside, request
+from integration.lab import PORT, Lab, built, inside, request
 from tests.factories import ep, node, port, service, slice_
+from tests.support import eventually, free_port
 
 pytestmark = pytest.mark.netns
 NODE = "ipvsp-fb"
@@ -41,15 +41,6 @@ def nat() -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
 
 
-def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
-
-
 def objects(lab: Lab, backends: int) -> list[dict[str, Any]]:
     return [
         node(addresses=(NODE_IP,)),
@@ -66,24 +57,17 @@ def objects(lab: Lab, backends: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    lab = Lab(node=NODE)
-    try:
-        lab.add_backend()
-        lab.add_backend()
-        lab.add_client()
+    with built(2, node=NODE) as lab:
         subprocess.run(
             ["ip", "netns", "exec", NODE, "iptables-restore", "--noflush"],
             input=f"*nat\n{FOREIGN}\nCOMMIT\n", text=True, check=True,
         )  # fmt: skip
         yield lab
-    finally:
-        lab.close()
 
 
-def free_port() -> int:
-    with inside(NODE), socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port_in_node() -> int:
+    with inside(NODE):
+        return free_port()
 
 
 def http(port_: int, path: str) -> bytes:
@@ -100,7 +84,7 @@ def http(port_: int, path: str) -> bytes:
 def test_auto_falls_back_loudly_serves_traffic_and_follows_changes(lab, tmp_path):
     manifest = tmp_path / "cluster.yaml"
     manifest.write_text(yaml.safe_dump_all(objects(lab, 2)))
-    metrics, health = free_port(), free_port()
+    metrics, health = free_port_in_node(), free_port_in_node()
     log = tmp_path / "agent.log"
     args = [
         "ip", "netns", "exec", NODE, IPVSPROXY, "--log-format", "json", "run",
@@ -122,7 +106,7 @@ def test_auto_falls_back_loudly_serves_traffic_and_follows_changes(lab, tmp_path
             except OSError:
                 return False
 
-        eventually(serving, 60, "the agent synced and serves /healthz")
+        eventually(serving, 60, "the agent synced and serves /healthz", interval=0.2)
         warnings = [json.loads(line) for line in log.read_text().splitlines()]
         fallback = [w for w in warnings if "FALLING BACK" in w["msg"]]
         assert fallback
@@ -145,6 +129,7 @@ def test_auto_falls_back_loudly_serves_traffic_and_follows_changes(lab, tmp_path
             lambda: {request(lab.clients[0], VIP, 80) for _ in range(4)} == {"b1"},
             30,
             "b2 gets no new connections",
+            interval=0.2,
         )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

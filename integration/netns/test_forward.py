@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from integration.lab import PORT, Lab, alive, connect, inside, request
+from integration.lab import PORT, Lab, alive, built, connect, inside, request
 from ipvsproxy.config import Config
 from ipvsproxy.iptables import Commands, IptablesKernel
 from ipvsproxy.iptables.kernel import restore_argv
@@ -55,14 +55,10 @@ def in_node(*argv: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    lab = Lab(node=NODE_NS, tag="fwd")
-    try:
-        lab.add_backend()  # 10.244.1.2, behind the node's link 10.244.1.1/24
-        lab.add_client()  # 10.250.1.2
-        in_node("ip", "route", "add", "default", "dev", "vc1")  # the node reaches VIPs so
+    # a backend 10.244.1.2 behind the node's link 10.244.1.1/24, a client 10.250.1.2; the
+    # node reaches VIPs through its default route to the client's link
+    with built(1, node=NODE_NS, tag="fwd", node_routes_to_client=True) as lab:
         yield lab
-    finally:
-        lab.close()
 
 
 @pytest.fixture

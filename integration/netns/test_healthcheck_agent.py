@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from integration.lab import inside
-from integration.netns.test_fallback_agent import eventually
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
+from tests.support import eventually
 
 pytestmark = pytest.mark.netns
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
@@ -88,18 +88,18 @@ def test_health_check_node_ports_and_node_eligibility(netns: str, tmp_path: Path
 
             return check
 
-        eventually(answers(200), 30, "the health-check node port answers 200")
+        eventually(answers(200), 30, "the health-check node port answers 200", interval=0.2)
         _, headers, body = get(netns, NODE_IP, HC_PORT, "/healthz")
         assert headers["X-Load-Balancing-Endpoint-Weight"] == "1"
         assert body == {"service": {"namespace": "default", "name": "shop"},
                         "localEndpoints": 1, "serviceProxyHealthy": True}  # fmt: skip
 
         api.put(lb("node-b")[1])  # the only endpoint moves to another node
-        eventually(answers(503), 30, "no local endpoint: 503")
+        eventually(answers(503), 30, "no local endpoint: 503", interval=0.2)
         assert get(netns, NODE_IP, HC_PORT)[1]["X-Load-Balancing-Endpoint-Weight"] == "0"
 
         api.delete("Service", "default", "shop")
-        eventually(answers(0), 30, "the port closes with its Service")
+        eventually(answers(0), 30, "the port closes with its Service", interval=0.2)
 
         assert get(netns, "127.0.0.1", 10256, "/healthz")[0] == 200
         tainted = node("node-a", (NODE_IP,))
@@ -107,7 +107,7 @@ def test_health_check_node_ports_and_node_eligibility(netns: str, tmp_path: Path
                                        "effect": "NoSchedule"}]}  # fmt: skip
         api.put(tainted)
         eventually(lambda: get(netns, "127.0.0.1", 10256, "/healthz")[0] == 503, 30,
-                   "a Node tainted for deletion: /healthz 503")  # fmt: skip
+                   "a Node tainted for deletion: /healthz 503", interval=0.2)  # fmt: skip
         status, _, body = get(netns, "127.0.0.1", 10256, "/healthz")
         assert body["nodeEligible"] is False
         assert get(netns, "127.0.0.1", 10256, "/livez")[0] == 200

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration.lab import PORT, Lab, alive, connect, request, sctp_available, udp_request
+from integration.lab import PORT, Lab, alive, built, connect, request, sctp_available, udp_request
 from integration.services import NODE_IP, program, svc
 from ipvsproxy.iptables import Commands, IptablesKernel
 from tests.factories import ep, node, slice_
@@ -23,15 +23,8 @@ NODE = "ipvsp-node"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    lab = Lab(node=NODE)
-    try:
-        for _ in range(3):
-            lab.add_backend()
-        lab.add_client(extra=8)
-        subprocess.run(["ip", "-n", NODE, "route", "add", "default", "dev", "vc1"], check=True)
+    with built(3, extra_client_addresses=8, node=NODE, node_routes_to_client=True) as lab:
         yield lab
-    finally:
-        lab.close()
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from integration.lab import PORT, Lab, inside, request
+from integration.lab import PORT, Lab, built, inside, request
 from ipvsproxy.config import Config
 from ipvsproxy.iptables import Commands, IptablesKernel
 from ipvsproxy.policy import node_policy
@@ -46,13 +46,8 @@ ALLOWED = f"{INSIDE}/32"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    lab = Lab(node=NODE_NS, tag="pol")
-    try:
-        lab.add_backend()
-        lab.add_client(extra=1)  # 10.250.1.2 and 10.250.1.3
+    with built(1, extra_client_addresses=1, node=NODE_NS, tag="pol") as lab:  # 10.250.1.2, .3
         yield lab
-    finally:
-        lab.close()
 
 
 def objects(lab: Lab, cluster_ip: str = CLUSTER_IP, **spec: Any) -> list[dict[str, Any]]:

@@ -1,12 +1,14 @@
 """UDP flows cached as a black hole before a virtual server's first endpoint are deleted
 when it gets one (kube-proxy's CleanStaleEntries), in the same single `conntrack -R -` run
-as the flows of removed endpoints."""
+as the flows of removed endpoints; also end to end, by the proxier in a partial pass."""
 
 from __future__ import annotations
 
 from ipaddress import ip_address
 
+from ipvsproxy.config import Config
 from ipvsproxy.firewall.conntrack import deletions, forget_udp, udp_first_endpoint, udp_gone
+from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -20,6 +22,11 @@ from ipvsproxy.model import (
     VirtualServer,
     VSKey,
 )
+from ipvsproxy.proxier import Proxier
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
+from ipvsproxy.testing import FakeKernel
+from tests.factories import ep, node, port, service, slice_
+from tests.support import FakeHost, RecordingCommands
 
 DNS = VSKey(ip_address("10.96.0.10"), 53, Proto.UDP)  # a ClusterIP
 NODEPORT = VSKey(ip_address("192.168.0.10"), 30053, Proto.UDP)  # node address:NodePort
@@ -39,15 +46,6 @@ def before(table: dict[VSKey, list[RealServer]]) -> IpvsState:
 
 def add(key: VSKey, rs: RSKey = POD, weight: int = 1) -> AddDest:
     return AddDest(key, RealServer(rs, weight=weight))
-
-
-class RecordingCommands:
-    def __init__(self) -> None:
-        self.fed: list[tuple[list[str], str | None]] = []
-
-    def run(self, args, *, stdin=None):
-        self.fed.append((list(args), stdin))
-        return ""
 
 
 def test_first_endpoint_of_a_udp_clusterip_deletes_every_flow_to_it():
@@ -116,3 +114,38 @@ def test_first_endpoints_and_removed_ones_go_in_one_batch():
          "-D -f ipv4 -p udp --orig-dst 10.96.0.10 --orig-port-dst 53\n"
          "-D -f ipv4 -p udp --orig-dst 192.168.0.10 --orig-port-dst 30053\n"),
     ]  # fmt: skip
+
+
+# ---- through the proxier: a first endpoint in a partial pass -----------------------------
+# The proxier forgets UDP flows that cached a black hole (issue 15 item 9): when a UDP
+# virtual server gets its first endpoint in a partial pass, its flows are deleted in the same
+# single `conntrack -R -` batch as those of removed endpoints.
+
+
+CONFIG = Config(node_name="node-a")
+
+
+def test_a_udp_service_s_first_endpoint_forgets_its_flows_in_one_batch():
+    dns = service("dns", cluster_ips=("10.96.0.53",), ports=[port("dns", 53, "UDP", 5353)])
+    ports = (("dns", 5353, "UDP"),)
+    tracker = Tracker(required=(SERVICE, SLICE, NODE), node_name="node-a")
+    tracker.replace(NODE, [node()])
+    tracker.replace(SERVICE, [dns])
+    tracker.replace(SLICE, [slice_("dns", ports=ports, endpoints=[])])
+    host = FakeHost()
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=FakeKernel(), config=CONFIG, firewall=firewall)
+    proxier.sync(tracker.take(), full=True)
+    host.ran.clear()
+    tracker.event(SLICE, "MODIFIED", slice_("dns", ports=ports, endpoints=[ep("10.244.0.9")]))
+    result = proxier.sync(tracker.take(), full=False)
+    assert result.forgotten == 1
+    assert [args for args in host.ran if args[0] == "conntrack"] == [["conntrack", "-R", "-"]]
+    tracker.event(
+        SLICE,
+        "MODIFIED",
+        slice_("dns", ports=ports, endpoints=[ep("10.244.0.9"), ep("10.244.0.8")]),
+    )
+    host.ran.clear()
+    assert proxier.sync(tracker.take(), full=False).forgotten == 0  # not its first one
+    assert not [args for args in host.ran if args[0] == "conntrack"]

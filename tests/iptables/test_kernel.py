@@ -28,8 +28,8 @@ from ipvsproxy.model import (
 )
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
-from tests.iptables.fake import ScriptedCommands
 from tests.strategies import states
+from tests.support import FakeIptables
 
 EVERYTHING = Ownership(service_cidrs=(ip_network("0.0.0.0/0"), ip_network("::/0")))
 KEYS = [VSKey(ip_address(f"10.96.0.{n}"), 80, Proto.TCP) for n in range(1, 4)]
@@ -37,8 +37,8 @@ RS = [RealServer(RSKey(ip_address(f"10.244.1.{n}"), 8080)) for n in range(1, 4)]
 STATE = state_of({VirtualServer(key): RS for key in KEYS}, bound=frozenset(k.address for k in KEYS))
 
 
-def loaded() -> tuple[IptablesKernel, ScriptedCommands]:
-    commands = ScriptedCommands()
+def loaded() -> tuple[IptablesKernel, FakeIptables]:
+    commands = FakeIptables()
     kernel = IptablesKernel(commands=commands)
     assert kernel.apply(plan(STATE, kernel.observe(), ownership=EVERYTHING)).ok
     commands.calls.clear()
@@ -79,7 +79,7 @@ def test_a_deleted_service_takes_its_chains_with_it():
 
 
 def test_binding_a_vip_rewrites_the_masquerade_of_its_services_only():
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(commands=commands)
     unbound = replace(STATE, bound=frozenset())
     assert kernel.apply(plan(unbound, kernel.observe(), ownership=EVERYTHING)).ok
@@ -128,7 +128,7 @@ def histories(draw):
 @settings(max_examples=60, deadline=None)
 @given(histories())
 def test_partial_syncs_add_up_to_what_a_full_render_gives(history):
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(commands=commands)
     current = kernel.observe()
     for desired in history:

@@ -1,10 +1,13 @@
 """The NAT/filter policy (ipvsproxy/policy.py) as both backends render it: the iptables
 fallback's chains, traced like kube-proxy's packet-flow tests, and the IPVS firewall's sets
 agree on who is masqueraded and who may reach a LoadBalancer; source ranges guard the
-LoadBalancer frontend only, never the ClusterIP, externalIP or NodePort of the same Service."""
+LoadBalancer frontend only, never the ClusterIP, externalIP or NodePort of the same Service.
+Through the proxier, the ranges hold from the first sync, and a Service that only gains or
+loses ranges is rewritten by the next partial pass."""
 
 from __future__ import annotations
 
+import copy
 from ipaddress import ip_address, ip_network
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ipvsproxy.config import Config
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.iptables.rules import EXT_PREFIX, MARK_MASQ, POSTROUTING, SERVICES, svc_chain
@@ -25,11 +29,13 @@ from ipvsproxy.policy import (
     frontend_policy,
     node_policy,
 )
+from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.desired import Access, Desired, Reach
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
+from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.factories import ep, node, port, service, slice_, translate
-from tests.iptables.fake import ScriptedCommands
+from tests.support import FakeIptables
 
 EVERYTHING = Ownership(service_cidrs=(ip_network("0.0.0.0/0"), ip_network("::/0")))
 CLUSTER_IP, LB_IP, EXTERNAL_IP = "10.96.0.30", "203.0.113.7", "198.51.100.9"
@@ -61,7 +67,7 @@ def balanced(**spec: Any) -> Desired:
 
 def fallback(desired: Desired, policy: NodePolicy = DEFAULT_NODE) -> dict[str, list[str]]:
     """The IPv4 nat chains the fallback writes for `desired`, given its access."""
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(
         commands=commands,
         node=policy,
@@ -221,7 +227,7 @@ def test_an_access_change_without_an_operation_is_repaired_by_the_next_full_sync
     open_ = balanced(loadBalancerSourceRanges=[])
     closed = balanced()
     current = {"desired": open_}
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(
         commands=commands,
         access=lambda keys: {
@@ -274,7 +280,7 @@ def test_refresh_rewrites_only_what_an_access_change_alters():
     LoadBalancer's chains (one restore) and nothing else."""
     open_ = balanced(loadBalancerSourceRanges=[])
     current = {"desired": open_}
-    commands = ScriptedCommands()
+    commands = FakeIptables()
     kernel = IptablesKernel(
         commands=commands,
         access=lambda keys: {
@@ -294,3 +300,46 @@ def test_refresh_rewrites_only_what_an_access_change_alters():
     assert reaches(commands.tables[4], INSIDE, key(LB_IP))
     assert kernel.observe() is not None
     assert kernel.damage() == ()
+
+
+# ---- through the proxier: source ranges from the first sync, then by partial passes ------
+# The fallback in the proxier: the agent's Proxier hands the iptables backend each virtual
+# server's access, so loadBalancerSourceRanges are enforced from the first sync, and a Service
+# that only gains or loses ranges (no IPVS operation) is rewritten by the next partial pass.
+
+
+CONFIG = Config(node_name="node-a", service_cidrs=())
+
+
+def lb(ranges: list[str]) -> Any:
+    return service(
+        "lb",
+        type="LoadBalancer",
+        cluster_ips=(CLUSTER_IP,),
+        ports=[port("http", 80, "TCP", 8080, 30080)],
+        status={"loadBalancer": {"ingress": [{"ip": LB_IP}]}},
+        loadBalancerSourceRanges=ranges,
+    )
+
+
+def test_the_agents_fallback_enforces_source_ranges_and_follows_a_change_at_once():
+    tracker = Tracker(required=(SERVICE, SLICE, NODE), node_name="node-a")
+    tracker.replace(NODE, [node(addresses=(NODE_IP,))])
+    tracker.replace(SERVICE, [lb(["192.0.2.0/24"])])
+    tracker.replace(
+        SLICE, [slice_("lb", ports=(("http", 8080, "TCP"),), endpoints=[ep("10.244.1.9")])]
+    )
+    commands = FakeIptables()
+    proxier = Proxier(kernel=IptablesKernel(commands=commands), config=CONFIG)
+    assert proxier.sync(tracker.take(), full=True).sync.report.ok
+    chains = commands.tables[4]
+    assert reaches(chains, INSIDE, key(LB_IP))
+    assert not reaches(chains, OUTSIDE, key(LB_IP))  # closed from the first sync
+    assert reaches(chains, OUTSIDE, key(CLUSTER_IP))  # the ranges guard the LB IP only
+    tracker.event(SERVICE, "MODIFIED", copy.deepcopy(lb([])))  # ranges removed: no operation
+    result = proxier.sync(tracker.take(), full=False)
+    assert not result.sync.plan
+    assert reaches(commands.tables[4], OUTSIDE, key(LB_IP))  # open at once, not next period
+    tracker.event(SERVICE, "MODIFIED", lb(["192.0.2.0/24"]))
+    proxier.sync(tracker.take(), full=False)
+    assert not reaches(commands.tables[4], OUTSIDE, key(LB_IP))

@@ -13,7 +13,7 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.netlink import codec
 from ipvsproxy.netlink import genl as genl_module
 from ipvsproxy.netlink.genl import GenlSocket
-from tests.netlink.scripted import ScriptedKernel, error
+from tests.support import ScriptedKernel, error
 
 
 @pytest.fixture

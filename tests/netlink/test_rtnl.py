@@ -24,7 +24,7 @@ from ipvsproxy.netlink import codec, rtnl
 from ipvsproxy.netlink.kernel import NetlinkKernel
 from ipvsproxy.netlink.links import DummyDevice
 from ipvsproxy.netlink.rtnl import RtnlSocket
-from tests.netlink.scripted import ScriptedKernel, error
+from tests.support import ScriptedKernel, error
 
 
 def pyroute2_addr(command: str, seq: int, **kwarg: Any) -> bytes:

@@ -2,41 +2,28 @@
 
 from __future__ import annotations
 
-from ipaddress import ip_address
 from typing import Any
 
 import pytest
 
 from ipvsproxy.model import (
     IpvsState,
-    Proto,
-    RealServer,
-    RSKey,
-    ServiceFlags,
-    VirtualServer,
-    VSKey,
-    state_of,
 )
 from ipvsproxy.schedulers import Scheduler
-from tests.factories import ep, node, port, service, slice_, translate
-
-
-def V(addr, number=80, proto="TCP", sched="rr", flags=0, timeout=0) -> VirtualServer:
-    key = VSKey(ip_address(addr), number, Proto[proto])
-    return VirtualServer(key, Scheduler(sched), ServiceFlags(flags), timeout)
-
-
-def R(addr, number=8080, weight=1) -> RealServer:
-    return RealServer(RSKey(ip_address(addr), number), weight)
-
-
-def S(services: dict[VirtualServer, list[RealServer]], *bound: str) -> IpvsState:
-    return state_of(services, frozenset(ip_address(b) for b in bound))
-
-
-WEB_SLICE = slice_(endpoints=[ep("10.244.1.1"), ep("10.244.2.1", node="node-b")])
-BOTH = [R("10.244.1.1"), R("10.244.2.1")]
-LOCAL = [R("10.244.1.1")]
+from tests.factories import (
+    BOTH,
+    LOCAL,
+    WEB_SLICE,
+    R,
+    S,
+    V,
+    ep,
+    node,
+    port,
+    service,
+    slice_,
+    translate,
+)
 
 CASES: dict[str, tuple[list[dict[str, Any]], dict[str, Any], IpvsState]] = {
     "clusterip": ([service(), WEB_SLICE], {}, S({V("10.96.0.10"): BOTH}, "10.96.0.10")),

@@ -18,8 +18,20 @@ from ipvsproxy.api import parse_objects
 from ipvsproxy.config import Config
 from ipvsproxy.sync.desired import TrafficPolicy, translate_service
 from ipvsproxy.sync.index import DesiredIndex
-from tests.factories import ep, node, port, service, slice_, translate
-from tests.sync.test_desired import BOTH, LOCAL, WEB_SLICE, R, S, V
+from tests.factories import (
+    BOTH,
+    LOCAL,
+    WEB_SLICE,
+    R,
+    S,
+    V,
+    ep,
+    node,
+    port,
+    service,
+    slice_,
+    translate,
+)
 
 INTERNAL, EXTERNAL = TrafficPolicy.INTERNAL, TrafficPolicy.EXTERNAL
 NODE = node(addresses=("192.168.0.10", "fd00:1::10"))

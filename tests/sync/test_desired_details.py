@@ -19,8 +19,20 @@ from ipvsproxy.config import Config
 from ipvsproxy.model import Proto
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.desired import Access, Contribution, Reach, translate_service
-from tests.factories import ep, node, port, service, slice_, translate
-from tests.sync.test_desired import BOTH, LOCAL, WEB_SLICE, R, S, V
+from tests.factories import (
+    BOTH,
+    LOCAL,
+    WEB_SLICE,
+    R,
+    S,
+    V,
+    ep,
+    node,
+    port,
+    service,
+    slice_,
+    translate,
+)
 
 RANGES = ["198.51.100.0/24", "2001:db8::/64"]
 LB_STATUS = {"loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]}}

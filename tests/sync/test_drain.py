@@ -25,6 +25,7 @@ from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.ipvs_pass import apply_pass, plan_pass
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.testing import FakeKernel
+from tests.support import Clock
 
 TCP = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
 UDP = VSKey(ip_address("10.96.0.10"), 53, Proto.UDP)
@@ -38,13 +39,6 @@ def table(*dests: RSKey, key: VSKey = TCP, weight: int = 1) -> IpvsState:
     return IpvsState(
         {key: VirtualServer(key)}, {key: {d: RealServer(d, weight=weight) for d in dests}}
     )
-
-
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def setup(*dests: RSKey, key: VSKey = TCP, timeout: float = 30):

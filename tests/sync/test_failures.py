@@ -20,7 +20,7 @@ from ipvsproxy.sync.failures import Failing
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, service, slice_
-from tests.test_agent_loop import Clock, driven_agent, next_run, sample
+from tests.support import Clock, driven_agent, next_run, sample
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
 
@@ -112,7 +112,7 @@ def test_a_refused_update_switches_to_the_default_and_keeps_the_endpoints():
 
 
 def test_a_failed_operation_is_retried_for_its_virtual_server_alone_with_backoff():
-    clock = Clock()
+    clock = Clock(1000.0)
     kernel = FakeKernel()
     tracker = tracker_with(
         service("a", cluster_ips=("10.96.0.1",)),
@@ -147,7 +147,7 @@ def test_a_failed_operation_is_retried_for_its_virtual_server_alone_with_backoff
 
 
 def test_backoff_forgets_what_succeeded_and_counts_what_keeps_failing():
-    clock = Clock()
+    clock = Clock(1000.0)
     backoff = Failing(policy=Backoff(first=1.0, cap=10.0), clock=clock)
     a, b = (
         VSKey(ip_address("10.96.0.1"), 80, Proto.TCP),

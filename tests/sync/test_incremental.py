@@ -23,80 +23,10 @@ from ipvsproxy.sync.desired import desired_state
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
+from tests.factories import node, parse_node, parse_service
+from tests.strategies import NAMES, nodes, services, slices
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0)
-NAMES = ("a", "b", "c", "d")
-VIPS = ("10.96.0.1", "10.96.0.2", "10.96.0.3")  # few: Services collide on them
-PODS = {f"10.244.{n}.{i}": f"node-{'ab'[n]}" for n in (0, 1) for i in (1, 2, 3)}  # ip -> node
-
-ports = st.lists(
-    st.sampled_from(
-        [
-            port("http", 80, node_port=30080),
-            port("dns", 53, "UDP", node_port=30053),
-            port("https", 443),
-        ]
-    ),
-    min_size=1,
-    max_size=2,
-    unique_by=lambda p: p["name"],
-)
-
-
-@st.composite
-def services(draw: st.DrawFn) -> Any:
-    kind = draw(st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]))
-    spec: dict[str, Any] = {}
-    if draw(st.booleans()):
-        spec["externalIPs"] = draw(st.lists(st.sampled_from(VIPS), max_size=2))
-    if draw(st.booleans()):
-        spec["externalTrafficPolicy"] = "Local"
-    if draw(st.booleans()):
-        spec["sessionAffinity"] = "ClientIP"
-    status = None
-    if kind == "LoadBalancer" and draw(st.booleans()):
-        status = {"loadBalancer": {"ingress": [{"ip": draw(st.sampled_from(VIPS))}]}}
-    headless = draw(st.integers(0, 9)) == 0
-    return service(
-        draw(st.sampled_from(NAMES)),
-        type=kind,
-        cluster_ips=("None",) if headless else (draw(st.sampled_from(VIPS)),),
-        ports=draw(ports),
-        status=status,
-        **spec,
-    )
-
-
-@st.composite
-def slices(draw: st.DrawFn) -> Any:
-    endpoints = [
-        ep(
-            ip,
-            ready=draw(st.booleans()),
-            serving=draw(st.sampled_from([None, True, False])),
-            terminating=draw(st.sampled_from([None, True])),
-            node=PODS[ip],
-        )
-        for ip in draw(st.lists(st.sampled_from(sorted(PODS)), max_size=3, unique=True))
-    ]
-    owner = draw(st.sampled_from(NAMES))
-    return slice_(
-        owner,
-        name=f"slice-{draw(st.integers(0, 4))}",
-        ports=(("http", 8080, "TCP"), ("dns", 5353, "UDP"), ("https", 8443, "TCP")),
-        endpoints=endpoints,
-    )
-
-
-def nodes() -> st.SearchStrategy[dict[str, Any]]:
-    return st.builds(
-        node,
-        st.just("node-a"),
-        st.lists(st.sampled_from(["192.168.0.10", "192.168.0.11", VIPS[0]]), max_size=2),
-    )
-
-
 steps = st.lists(
     st.one_of(
         st.tuples(st.just(SERVICE), st.sampled_from(["MODIFIED", "DELETED"]), services()),

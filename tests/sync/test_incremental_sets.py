@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
+from ipvsproxy.config import Config
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.model import DeleteService, IpvsState
@@ -27,8 +28,10 @@ from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import node, parse_node
-from tests.firewall.test_scale import FakeHost
-from tests.sync.test_incremental import CONFIG, nodes, services, slices
+from tests.strategies import nodes, services, slices
+from tests.support import FakeHost
+
+CONFIG = Config(node_name="node-a", min_sync_period=0.0)  # as test_incremental.py's
 
 steps = st.lists(
     st.one_of(

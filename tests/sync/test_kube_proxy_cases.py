@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from ipvsproxy.model import RealServer
-from tests.factories import ep, node, port, service, slice_, translate
-from tests.sync.test_desired import R, V
+from tests.factories import R, V, ep, node, port, service, slice_, translate
 
 HOST = "test-hostname"  # kube-proxy's testHostname
 NODE_V4_V6 = node(HOST, addresses=("100.101.102.103", "2001:db8::1:1"))

@@ -16,7 +16,7 @@ from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, parse_node, port, service, slice_
-from tests.test_agent_loop import driven_agent, next_run
+from tests.support import driven_agent, next_run
 
 V4, V6 = ip_address("192.168.0.10"), ip_address("2001:db8::10")
 

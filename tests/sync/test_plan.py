@@ -28,9 +28,8 @@ from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
 from ipvsproxy.testing import FakeKernel
+from tests.factories import OWN
 from tests.strategies import foreign_states, merge, restrict, states
-
-OWN = Ownership(service_cidrs=(ip_network("10.96.0.0/16"), ip_network("fd00:96::/64")))
 
 
 def vs(addr="10.96.0.10", port=80, sched=Scheduler.RR) -> VirtualServer:

@@ -9,18 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ipvsproxy.sync.runner import Runner
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import Clock
 
 
 def make(min_interval=1.0, max_interval=30.0):
-    clock = Clock()
+    clock = Clock(100.0)
     runs: list[float] = []
     runner = Runner(
         lambda: runs.append(clock.now),
@@ -56,7 +49,7 @@ def test_requests_are_rate_limited_not_lost():
 def test_both_intervals_count_from_the_end_of_the_last_run():
     """kube-proxy's BoundedFrequencyRunner: a run longer than the period is not followed at
     once by a periodic one, nor a request's run sooner than min_interval after it ended."""
-    clock = Clock()
+    clock = Clock(100.0)
     runs: list[float] = []
 
     def slow() -> None:

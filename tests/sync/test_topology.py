@@ -16,8 +16,18 @@ import pytest
 
 from ipvsproxy.api import EndpointView, NodeView
 from ipvsproxy.sync.desired import categorize_endpoints
-from tests.factories import ep, node, parse_node, parse_slice, port, service, slice_, translate
-from tests.sync.test_desired import R, V
+from tests.factories import (
+    R,
+    V,
+    ep,
+    node,
+    parse_node,
+    parse_slice,
+    port,
+    service,
+    slice_,
+    translate,
+)
 
 HOST = "test-hostname"
 

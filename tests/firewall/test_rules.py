@@ -1,6 +1,6 @@
-"""Issue 15 items 1 and 3 in the firewall's rules: the node's own connections from a VIP
-are masqueraded without local detection, and the filter table's forwarding chain lets
-Service traffic through a host whose FORWARD policy is DROP."""
+"""The firewall's rules (firewall/rules.py), issue 15 items 1 and 3: the node's own
+connections from a VIP are masqueraded without local detection, and the filter table's
+forwarding chain lets Service traffic through a host whose FORWARD policy is DROP."""
 
 from __future__ import annotations
 

@@ -16,9 +16,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from integration.conftest import clean_ipvs
 from integration.lab import PORT, Lab, connect, request
 from tests.factories import ep, node, port, service, slice_
+
+pytestmark = pytest.mark.vm
 
 NODE_IP = "10.250.1.1"  # the node's address on the first client's link (lab.py)
 EXTERNAL = "203.0.113.50"

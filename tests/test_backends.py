@@ -1,4 +1,5 @@
-"""An IPVS node without a tool of the firewall rules refuses to start, naming the tool,
+"""Choosing the backends (backends.py): an IPVS node without a tool of the firewall rules
+refuses to start, naming the tool,
 unless the operator says explicitly to go on without them (and what that loses)."""
 
 from __future__ import annotations

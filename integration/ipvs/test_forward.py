@@ -1,6 +1,6 @@
-"""Issue 15 items 1 and 3 under real IPVS: the firewall's rules in the two-node lab of
-test_firewall.py (nodes are namespaces on one bridge, pods behind them), with kube-proxy's
-default settings: no --cluster-cidr, no --masquerade-all.
+"""Issue 15 items 1 and 3 under real IPVS: the firewall's rules in the two-node lab
+(lab.two_nodes(), as test_firewall.py: nodes are namespaces on one bridge, pods behind
+them), with kube-proxy's default settings: no --cluster-cidr, no --masquerade-all.
 
 - node -> ClusterIP whose only endpoint is on the other node: the VIP is on node 1's dummy
   device, so the kernel picks it as the source; without the `src,dst` masquerade rule the
@@ -21,36 +21,32 @@ from typing import Any
 
 import pytest
 
-from integration.conftest import clean_ipvs
-from integration.lab import inside, request, sh
-from integration.test_firewall_vm import LAN, Node, cluster_ip, endpoints, objects
+from integration.lab import (
+    LAN,
+    Node,
+    cluster_ip,
+    endpoints,
+    inside,
+    objects,
+    request,
+    sh,
+    two_nodes,
+)
 from ipvsproxy.config import Config
 from tests.factories import ep, port, service, slice_
+
+pytestmark = pytest.mark.vm
 
 PROBE = 18080  # a test-owned listener in node 2's pod: it reports the peer address
 
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[tuple[Node, Node]]:
-    clean_ipvs()
-    subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
-    sh("ip", "link", "add", "ipvsp-br", "type", "bridge")
-    sh("ip", "link", "set", "ipvsp-br", "up")
-    nodes: list[Node] = []
-    try:
-        nodes = [Node(1), Node(2)]
-        n1, n2 = nodes
-        for n in nodes:  # kube-proxy's defaults: no local detection, no --masquerade-all
-            n.config = Config(node_name=n.name, nodeport_cidrs=(ip_network(f"{LAN}.0/24"),))
-        n1.lab.add_backend("10.244.1.2")
-        n2.lab.add_backend("10.244.2.2")
-        sh("ip", "-n", n1.ns, "route", "add", "10.244.2.0/24", "via", n2.address)
-        sh("ip", "-n", n2.ns, "route", "add", "10.244.1.0/24", "via", n1.address)
-        yield n1, n2
-    finally:
-        for n in nodes:
-            n.close()
-        subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+    def kube_proxys_defaults(n: Node) -> None:  # no local detection, no --masquerade-all
+        n.config = Config(node_name=n.name, nodeport_cidrs=(ip_network(f"{LAN}.0/24"),))
+
+    with two_nodes((("10.244.1.2",), ("10.244.2.2",)), configure=kube_proxys_defaults) as nodes:
+        yield nodes
 
 
 def probe_objects(vip: str) -> list[dict[str, Any]]:

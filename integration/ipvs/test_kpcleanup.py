@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.vm
+
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 KUBE_RULES = """*nat
 :KUBE-SERVICES - [0:0]

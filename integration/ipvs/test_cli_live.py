@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from ipvsproxy.cli import main
 
-EXAMPLES = str(Path(__file__).parent.parent / "examples")
+pytestmark = pytest.mark.vm
+
+EXAMPLES = str(Path(__file__).parents[2] / "examples")
 NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
 
 

@@ -17,9 +17,11 @@ import pytest
 
 from integration.conftest import clean_ipvs, kernel_missing_schedulers
 from integration.lab import PORT, Lab, request
-from integration.test_agent import free_port
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
 from tests.factories import ep, node, port, service, slice_
+from tests.support import free_port
+
+pytestmark = pytest.mark.vm
 
 SYNC_PERIOD = 2.0
 VIP = "10.96.7.7"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.vm
+
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
 SERVICE = (

@@ -1,4 +1,6 @@
-"""The firewall rules' pure core: set entries, constant rules, plans, ipset scripts."""
+"""The firewall (firewall/kernel.py) and its pure core: set entries, constant rules, plans,
+ipset scripts, the order of its writes, and how it observes and writes the sets (by name,
+in as few processes as possible, or over netlink)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ from hypothesis import given, settings
 
 from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
+from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import SetCommand
 from ipvsproxy.firewall.kernel import (
     BULK,
     JUMPS,
+    Firewall,
     FirewallPlan,
     Observed,
     ipset_script,
@@ -20,11 +24,12 @@ from ipvsproxy.firewall.kernel import (
     plan_firewall,
 )
 from ipvsproxy.firewall.rules import LocalMode, Options, render
-from ipvsproxy.firewall.sets import SetState, all_sets, wanted
+from ipvsproxy.firewall.sets import SetState, all_sets, entries_for, wanted
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
 from ipvsproxy.sync.desired import Access, Reach
 from tests.strategies import states
+from tests.support import FakeHost, RecordingCommands, ScriptedCommands
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 
@@ -189,18 +194,6 @@ def test_loop_back_entries_follow_this_nodes_destinations_only():
     assert entries(wanted(state, {}), "LOOP-BACK") == frozenset()  # no local endpoint
 
 
-class RecordingCommands:
-    def __init__(self) -> None:
-        self.ran: list[list[str]] = []
-        self.fed: list[tuple[list[str], str | None]] = []
-        self.prefix = ()
-
-    def run(self, args, *, stdin=None):
-        self.ran.append(list(args))
-        self.fed.append((list(args), stdin))
-        return ""
-
-
 def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
     from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
     from ipvsproxy.model import DeleteDest, DeleteService
@@ -297,3 +290,77 @@ def test_sets_are_created_and_filled_before_the_rules_that_match_them():
         assert entries
         assert restores
         assert max(entries) < min(restores), host.writes
+
+
+# ---- observing and writing the sets (ipset processes or netlink) -------------------------
+
+
+def test_sets_are_observed_by_name_in_two_processes_without_other_agents_sets():
+    names = "KUBE-CLUSTER-IP\nIPVSPROXY-VIPS\nf2b-sshd\nIPVSPROXY-LOOP-BACK-T\n"
+    saved = (
+        "create IPVSPROXY-VIPS hash:ip family inet hashsize 1024 maxelem 131072 bucketsize 12\n"
+        "add IPVSPROXY-VIPS 10.96.0.1\n"
+        "create IPVSPROXY-LOOP-BACK-T hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n"
+    )
+    commands = ScriptedCommands({("ipset", "list", "-n"): names, ("ipset", "restore"): saved})
+    observed = Firewall(commands=commands).observe_sets()  # type: ignore[arg-type]
+    assert commands.ran == [
+        (["ipset", "list", "-n"], None),
+        (["ipset", "restore"], "save IPVSPROXY-VIPS\nsave IPVSPROXY-LOOP-BACK-T\n"),
+    ]
+    assert observed.sets == {
+        "IPVSPROXY-VIPS": ("hash:ip", 4, frozenset({"10.96.0.1"})),
+        "IPVSPROXY-LOOP-BACK-T": ("hash:ip,port,ip", 4, frozenset()),
+    }
+    assert observed.maxelem == {"IPVSPROXY-VIPS": 131072, "IPVSPROXY-LOOP-BACK-T": 65536}
+
+
+def test_a_host_without_our_sets_is_observed_with_one_process():
+    commands = ScriptedCommands({("ipset", "list", "-n"): "KUBE-X\n"})
+    assert Firewall(commands=commands).observe_sets() == SetState({})  # type: ignore[arg-type]
+    assert len(commands.ran) == 1
+
+
+def test_write_sets_is_one_ipset_restore_and_nothing_else():
+    index = SetIndex(versions=(4,))
+    key = VSKey(ip_address("10.96.0.1"), 80, Proto.TCP)
+    index.update(key, entries_for(key, None, [], local=(), bound=True))
+    commands = ScriptedCommands({("ipset", "restore", "-exist"): ""})
+    written = Firewall(commands=commands).write_sets(index.take())  # type: ignore[arg-type]
+    ((args, script),) = commands.ran
+    assert args == ["ipset", "restore", "-exist"]
+    assert script is not None
+    assert "add IPVSPROXY-CLUSTER-IP 10.96.0.1,6:80\n" in script
+    assert written == 8 + 3  # 8 IPv4 sets created, 3 entries (CLUSTER-IP, SERVICE-PORTS, VIPS)
+    commands.ran.clear()
+    assert Firewall(commands=commands).write_sets(index.take()) == 0  # type: ignore[arg-type]
+    assert commands.ran == []  # nothing changed: no process
+
+
+def test_a_firewall_with_a_reader_observes_without_any_process():
+    class Reader:
+        def observe(self):
+            return SetState({"IPVSPROXY-VIPS": ("hash:ip", 4, frozenset({"10.96.0.1"}))})
+
+    commands = ScriptedCommands({})
+    firewall = Firewall(commands=commands, reader=Reader())  # type: ignore[arg-type]
+    assert firewall.observe_sets().sets["IPVSPROXY-VIPS"][2] == {"10.96.0.1"}
+    assert commands.ran == []
+
+
+def test_a_full_pass_on_ipv4_services_empties_but_keeps_the_ipv6_sets():
+    """A node that serves no IPv6 Service keeps its IPv6 sets (the rules name them)."""
+    from ipvsproxy.config import Config
+    from ipvsproxy.proxier import Proxier
+    from ipvsproxy.testing import FakeKernel
+    from tests.factories import ep, node, service, slice_
+    from tests.support import Synced
+
+    host = FakeHost()
+    host.sets["IPVSPROXY-VIPS-6"] = ("hash:ip", 6, 65536, {"fd00:96::1"})
+    firewall = Firewall(commands=host, versions=(4, 6))  # type: ignore[arg-type]
+    proxier = Proxier(kernel=FakeKernel(), config=Config(node_name="node-a"), firewall=firewall)
+    objects = [node(), service("web"), slice_("web", endpoints=[ep("10.244.0.2")])]
+    assert Synced(proxier).sync(objects).ok
+    assert host.held()["IPVSPROXY-VIPS-6"] == frozenset()
+    assert host.held()["IPVSPROXY-VIPS"] == {"10.96.0.10"}

@@ -33,7 +33,9 @@ from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
 from tests.contract.kernel_contract import KernelContract
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+pytestmark = pytest.mark.vm
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def ipvsadm_save() -> str:
@@ -170,7 +172,7 @@ def test_a_dummy_device_deleted_behind_our_back_is_recreated(kernel):
 
 def test_the_unit_tests_ipvsadm_sample_is_what_real_ipvsadm_prints(kernel):
     """tests/data/ipvsadm-save-mixed.txt is loaded by ipvsadm and saved back line for line."""
-    sample = Path(__file__).parent.parent / "tests" / "data" / "ipvsadm-save-mixed.txt"
+    sample = Path(__file__).parents[2] / "tests" / "data" / "ipvsadm-save-mixed.txt"
     subprocess.run(["ipvsadm", "-R"], input=sample.read_bytes(), check=True)
     printed = ipvsadm_save()
     assert sorted(printed.splitlines()) == sorted(sample.read_text().splitlines())

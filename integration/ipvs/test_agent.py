@@ -26,19 +26,17 @@ import pytest
 
 from integration.conftest import clean_ipvs
 from integration.lab import PORT, Lab, alive, connect, request, udp_request
+from tests import support
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
+from tests.support import free_port
+
+pytestmark = pytest.mark.vm
 
 NODE_IP = "10.250.1.1"  # the node's address on the client's link (lab.py topology)
 FOREIGN = ["-t", "192.168.99.1:443"]
 DRAIN = 12.0
 SYNC_PERIOD = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def saved() -> str:
@@ -50,12 +48,13 @@ STARTED: list[subprocess.Popen[bytes]] = []  # killed when the test ends, whatev
 
 
 def eventually(check: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            logs = "".join(log.read_text()[-4000:] for log in LOGS if log.exists())
-            raise AssertionError(f"not within {timeout}s: {what or check}\n{saved()}\n{logs}")
-        time.sleep(0.3)
+    """tests.support.eventually, showing the IPVS table and the agents' logs on failure."""
+
+    def state() -> str:
+        logs = "".join(log.read_text()[-4000:] for log in LOGS if log.exists())
+        return f"{saved()}\n{logs}"
+
+    support.eventually(check, timeout, what, interval=0.3, detail=state)
 
 
 class Agent:

@@ -13,13 +13,15 @@ from ipaddress import ip_address
 import pytest
 
 from integration.conftest import clean_ipvs, require_sctp
-from integration.lab import PORT, Lab, connect, request, udp_request
+from integration.lab import PORT, Lab, built, connect, request, udp_request
 from integration.services import NODE_IP, program, svc
 from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.schedulers import Scheduler
 from tests.factories import ep, node, slice_
+
+pytestmark = pytest.mark.vm
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +30,10 @@ def lab() -> Iterator[Lab]:
     sysctls.ensure(
         sysctls.required(subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout)
     )
-    lab = Lab()
     try:
-        for _ in range(3):
-            lab.add_backend()
-        lab.add_client(extra=8)
-        yield lab
+        with built(3, extra_client_addresses=8) as lab:
+            yield lab
     finally:
-        lab.close()
         clean_ipvs()
 
 

@@ -15,141 +15,54 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from ipaddress import ip_network
 from typing import Any
 
 import pytest
 
-from integration.conftest import clean_ipvs
-from integration.lab import PORT, Lab, connect, inside, request, sh
-from ipvsproxy.config import Config
+from integration.lab import (
+    LAN,
+    PORT,
+    Node,
+    attach,
+    cluster_ip,
+    connect,
+    endpoints,
+    inside,
+    objects,
+    request,
+    sh,
+    two_nodes,
+)
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.kernel import Firewall
-from ipvsproxy.firewall.nlread import SetReader
-from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.sets import wanted
-from ipvsproxy.iptables.kernel import Commands
-from ipvsproxy.netlink import NetlinkKernel
-from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.sync.desired import from_objects
-from tests.factories import ep, node, port, service, slice_
-from tests.support import Synced
+from tests.factories import port, service
 
-LAN = "192.168.50"
-CLUSTER_CIDR = "10.244.0.0/16"
-SYSCTLS = (
-    "net.ipv4.ip_forward=1",
-    "net.ipv4.vs.conntrack=1",
-    "net.ipv4.vs.expire_nodest_conn=1",
-    "net.ipv4.vs.expire_quiescent_template=1",
-)
-
-
-class Node:
-    """One node: its namespace, its lab of pods, ipvsproxy's kernel state in it."""
-
-    def __init__(self, n: int) -> None:
-        self.name, self.ns, self.address = f"node-{n}", f"ipvsp-n{n}", f"{LAN}.{n}"
-        self.lab = Lab(node=self.ns, tag=f"n{n}")
-        for setting in SYSCTLS:
-            sh("ip", "netns", "exec", self.ns, "sysctl", "-qw", setting)
-        _attach(self.ns, f"lan{n}", f"{self.address}/24")
-        with inside(self.ns):
-            self.kernel = NetlinkKernel()
-            reader = SetReader()  # reads this namespace's sets
-            writer = SetWriter()  # ...and writes them
-        commands = Commands(prefix=("ip", "netns", "exec", self.ns))
-        self.firewall = Firewall(commands=commands, reader=reader, writer=writer)
-        self.firewall.check()
-        self.firewall_s = 0.0  # the last firewall step's duration
-        self.config = Config(
-            node_name=self.name,
-            cluster_cidrs=(ip_network(CLUSTER_CIDR),),
-            detect_local_mode="ClusterCIDR",
-            nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
-        )
-        proxier = Proxier(kernel=self.kernel, config=self.config, firewall=self.firewall)
-        self.synced = Synced(proxier)
-
-    def sync(self, objects: list[dict[str, Any]], *, full: bool = True) -> PassResult:
-        """One pass of the agent's proxier, the firewall's step included; every IPVS and
-        firewall step must succeed."""
-        result = self.synced.sync(objects, full=full)
-        assert result.sync.report.failures == ()
-        assert result.firewall_error == ""
-        self.firewall_s = result.firewall_seconds
-        return result
-
-    def close(self) -> None:
-        self.kernel.close()
-        if self.firewall.reader is not None:
-            self.firewall.reader.close()
-        if self.firewall.writer is not None:
-            self.firewall.writer.close()
-        self.lab.close()
-
-
-def _attach(ns: str, link: str, cidr: str) -> None:
-    """A veth from namespace `ns` (eth-lan) to the bridge in the VM's root namespace."""
-    sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth-lan", "netns", ns)
-    sh("ip", "link", "set", link, "master", "ipvsp-br", "up")
-    sh("ip", "-n", ns, "addr", "add", cidr, "dev", "eth-lan")
-    sh("ip", "-n", ns, "link", "set", "eth-lan", "up")
-    sh("ip", "-n", ns, "link", "set", "lo", "up")
+pytestmark = pytest.mark.vm
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Node, Node, list[str]]]:
-    clean_ipvs()
-    subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
-    sh("ip", "link", "add", "ipvsp-br", "type", "bridge")
-    sh("ip", "link", "set", "ipvsp-br", "up")
-    nodes: list[Node] = []
-    clients: list[str] = []
-    try:
-        nodes = [Node(1), Node(2)]
-        n1, n2 = nodes
-        n1.lab.add_backend("10.244.1.2")
-        n1.lab.add_backend("10.244.1.3")
-        n2.lab.add_backend("10.244.2.2")
-        sh("ip", "-n", n1.ns, "route", "add", "10.244.2.0/24", "via", n2.address)
-        sh("ip", "-n", n2.ns, "route", "add", "10.244.1.0/24", "via", n1.address)
-        for i, last in enumerate((100, 200), 1):
-            ns = f"ipvsp-ext{i}"
-            sh("ip", "netns", "add", ns)
-            clients.append(ns)
-            _attach(ns, f"ext{i}", f"{LAN}.{last}/24")
-            for vip in ("203.0.113.10", "10.96.0.0/16"):
-                sh("ip", "-n", ns, "route", "add", vip, "via", n1.address)
-        yield n1, n2, clients
-    finally:
-        for n in nodes:
-            n.close()
-        for ns in clients:
-            subprocess.run(["ip", "netns", "del", ns], check=False)
-        subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
+    with two_nodes((("10.244.1.2", "10.244.1.3"), ("10.244.2.2",))) as (n1, n2):
+        clients: list[str] = []
+        try:
+            for i, last in enumerate((100, 200), 1):
+                ns = f"ipvsp-ext{i}"
+                sh("ip", "netns", "add", ns)
+                clients.append(ns)
+                attach(ns, f"ext{i}", f"{LAN}.{last}/24")
+                for vip in ("203.0.113.10", "10.96.0.0/16"):
+                    sh("ip", "-n", ns, "route", "add", vip, "via", n1.address)
+            yield n1, n2, clients
+        finally:
+            for ns in clients:
+                subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def nodeport_service(name: str, vip: str, number: int, **spec: Any) -> dict[str, Any]:
     made: dict[str, Any] = service(name, type="NodePort", cluster_ips=(vip,),
                                    ports=[port("p", 80, "TCP", PORT, number)], **spec)  # fmt: skip
-    return made
-
-
-def cluster_ip(name: str, vip: str) -> dict[str, Any]:
-    made: dict[str, Any] = service(name, cluster_ips=(vip,), ports=[port("p", 80, "TCP", PORT)])
-    return made
-
-
-def objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node("node-1", addresses=(f"{LAN}.1",)), node("node-2", addresses=(f"{LAN}.2",)),
-            *extra]  # fmt: skip
-
-
-def endpoints(name: str, *pods: tuple[str, str], proto: str = "TCP") -> dict[str, Any]:
-    made: dict[str, Any] = slice_(
-        name, ports=(("p", PORT, proto),), endpoints=[ep(a, node=where) for a, where in pods]
-    )
     return made
 
 
