@@ -20,6 +20,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
+from itertools import chain
 from typing import Any
 
 from ipvsproxy.model import (
@@ -240,6 +241,47 @@ def unpack(space: Mapping[str, Attr], buf: memoryview) -> dict[str, Any]:
     return out
 
 
+class Run:
+    """A run of fixed-size attributes of one space, in one nest, compiled from the table into
+    one `struct`: `pack(*values)` lays out the nest's header and each attribute's header,
+    value and padding in one call. The messages a sync sends by the ten thousand (a
+    destination, a service's key) are such runs; encoding one attribute at a time with
+    `pack` costs 8 us a message natively, 0.1 s a first sync at 1000x10, 1 s at 10,000x10.
+    An address is given as its packed bytes, a big-endian field as an int."""
+
+    def __init__(
+        self, space: Mapping[str, Attr], names: Sequence[str], *, nest: Attr, address: int
+    ) -> None:
+        fmt, sizes = "=HH", []
+        for name in names:
+            layout = space[name].layout
+            if layout == ADDRESS:
+                payload = f"{address}s"
+            elif layout in ("!H", "!I"):
+                payload = f"{struct.calcsize(layout)}s"  # converted by pack()
+            elif layout in (STRING, NESTED) or len(layout) != 2:
+                raise ValueError(f"{name}: not a fixed-size single field ({layout})")
+            else:
+                payload = layout[1:]
+            size = struct.calcsize("=" + payload)
+            fmt += f"HH{payload}{-(4 + size) & 3}x"
+            sizes.append(size)
+        self._struct = struct.Struct(fmt)
+        self._head = (self._struct.size, nest.kind | NLA_F_NESTED)
+        self._lengths = [4 + size for size in sizes]
+        self._kinds = [space[name].kind for name in names]
+        # the big-endian fields: (position, size)
+        self._big = [(i, sizes[i]) for i, name in enumerate(names) if space[name].layout[0] == "!"]
+
+    def pack(self, *values: Any) -> bytes:
+        fields = list(values)
+        for at, size in self._big:
+            fields[at] = fields[at].to_bytes(size, "big")
+        # each attribute's (length, type, value), interleaved without a Python-level loop
+        interleaved = chain.from_iterable(zip(self._lengths, self._kinds, fields, strict=True))
+        return self._struct.pack(*self._head, *interleaved)
+
+
 def _af(address: IPAddress) -> int:
     return socket.AF_INET6 if address.version == 6 else socket.AF_INET
 
@@ -251,6 +293,17 @@ def _address(af: int, raw: memoryview) -> IPAddress:
 
 
 # ---- services and destinations ----------------------------------------------------------
+
+
+_KEY = ("af", "protocol", "addr", "port")
+_DEST_KEY = ("addr_family", "addr", "port")
+_DEST = (*_DEST_KEY, "fwd_method", "weight", "u_thresh", "l_thresh")
+# per IP version: the COMMAND-level nest of a service's key, of a destination, of its key
+_KEY_RUN = {v: Run(SERVICE, _KEY, nest=COMMAND["service"], address=n) for v, n in ((4, 4), (6, 16))}
+_DEST_RUN = {v: Run(DEST, _DEST, nest=COMMAND["dest"], address=n) for v, n in ((4, 4), (6, 16))}
+_DEST_KEY_RUN = {
+    v: Run(DEST, _DEST_KEY, nest=COMMAND["dest"], address=n) for v, n in ((4, 4), (6, 16))
+}
 
 
 def service_key_attrs(key: VSKey) -> bytes:
@@ -285,27 +338,34 @@ def service_attrs(vs: VirtualServer) -> bytes:
     )
 
 
-def dest_key_attrs(rs: RSKey) -> bytes:
-    """ADDR_FAMILY (as current ipvsadm sends it), ADDR and PORT."""
-    return pack(DEST, [("addr_family", _af(rs.address)), ("addr", rs.address), ("port", rs.port)])
+def service_nest(key: VSKey) -> bytes:
+    """The COMMAND-level nest naming one service (GET_DEST, DEL_SERVICE, *_DEST)."""
+    if key.fwmark:
+        return pack(COMMAND, [("service", service_key_attrs(key))])
+    address = key.address
+    return _KEY_RUN[address.version].pack(_af(address), int(key.proto), address.packed, key.port)
 
 
-def dest_attrs(rs: RealServer) -> bytes:
-    """Key plus settings: NEW/SET_DEST need FWD_METHOD, WEIGHT, U_THRESH and L_THRESH."""
-    return dest_key_attrs(rs.key) + pack(
-        DEST,
-        [
-            ("fwd_method", int(rs.forward)),
-            ("weight", rs.weight),
-            ("u_thresh", rs.upper_threshold),
-            ("l_thresh", rs.lower_threshold),
-        ],
+def dest_nest(rs: RealServer) -> bytes:
+    """The COMMAND-level nest of a destination with its settings (NEW/SET_DEST):
+    ADDR_FAMILY (as current ipvsadm sends it), ADDR, PORT, FWD_METHOD, WEIGHT, U_THRESH and
+    L_THRESH."""
+    address = rs.key.address
+    return _DEST_RUN[address.version].pack(
+        _af(address),
+        address.packed,
+        rs.key.port,
+        int(rs.forward),
+        rs.weight,
+        rs.upper_threshold,
+        rs.lower_threshold,
     )
 
 
-def service_nest(key: VSKey) -> bytes:
-    """The COMMAND-level nest naming one service (GET_DEST, DEL_SERVICE, *_DEST)."""
-    return pack(COMMAND, [("service", service_key_attrs(key))])
+def dest_key_nest(key: RSKey) -> bytes:
+    """The COMMAND-level nest naming one destination (DEL_DEST)."""
+    address = key.address
+    return _DEST_KEY_RUN[address.version].pack(_af(address), address.packed, key.port)
 
 
 IpvsOp = AddService | UpdateService | DeleteService | AddDest | UpdateDest | DeleteDest
@@ -313,21 +373,34 @@ IpvsOp = AddService | UpdateService | DeleteService | AddDest | UpdateDest | Del
 
 def encode_op(op: IpvsOp) -> tuple[int, bytes]:
     """(command, attributes) of the request that performs `op`."""
-    match op:
-        case AddService(vs):
-            return CMD_NEW_SERVICE, pack(COMMAND, [("service", service_attrs(vs))])
-        case UpdateService(vs):
-            return CMD_SET_SERVICE, pack(COMMAND, [("service", service_attrs(vs))])
-        case DeleteService(key):
-            return CMD_DEL_SERVICE, service_nest(key)
-        case AddDest(key, rs):
-            return CMD_NEW_DEST, service_nest(key) + pack(COMMAND, [("dest", dest_attrs(rs))])
-        case UpdateDest(key, rs):
-            return CMD_SET_DEST, service_nest(key) + pack(COMMAND, [("dest", dest_attrs(rs))])
-        case DeleteDest(key, rs_key):
-            nest = pack(COMMAND, [("dest", dest_key_attrs(rs_key))])
-            return CMD_DEL_DEST, service_nest(key) + nest
-    raise TypeError(f"not an IPVS operation: {op!r}")  # pragma: no cover
+    return encode_ops([op])[0]
+
+
+def encode_ops(ops: Sequence[IpvsOp]) -> list[tuple[int, bytes]]:
+    """(command, attributes) of each request; a service's key nest is made once for the
+    run of operations on it (a plan groups a service's destinations)."""
+    out: list[tuple[int, bytes]] = []
+    last: VSKey | None = None
+    nest = b""
+    for op in ops:
+        match op:
+            case AddDest(key, rs) | UpdateDest(key, rs):
+                if key is not last:
+                    last, nest = key, service_nest(key)
+                cmd = CMD_NEW_DEST if op.__class__ is AddDest else CMD_SET_DEST
+                out.append((cmd, nest + dest_nest(rs)))
+            case DeleteDest(key, rs_key):
+                if key is not last:
+                    last, nest = key, service_nest(key)
+                out.append((CMD_DEL_DEST, nest + dest_key_nest(rs_key)))
+            case AddService(vs) | UpdateService(vs):
+                cmd = CMD_NEW_SERVICE if op.__class__ is AddService else CMD_SET_SERVICE
+                out.append((cmd, pack(COMMAND, [("service", service_attrs(vs))])))
+            case DeleteService(key):
+                out.append((CMD_DEL_SERVICE, service_nest(key)))
+            case _:  # pragma: no cover
+                raise TypeError(f"not an IPVS operation: {op!r}")
+    return out
 
 
 def decode_service(payload: memoryview) -> VirtualServer | None:
