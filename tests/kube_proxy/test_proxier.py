@@ -1,4 +1,4 @@
-"""kube-proxy's own IPVS expectations, ported (issue 15, "How to prove it").
+"""kube-proxy's own IPVS expectations, ported from its proxier tests.
 
 Each case is a test of kubernetes/kubernetes `pkg/proxy/ipvs/proxier_test.go` that builds
 Services and EndpointSlices and asserts virtual and real servers: the same inputs as raw
