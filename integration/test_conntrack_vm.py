@@ -1,4 +1,4 @@
-"""Conntrack settings at start-up on the real kernel, read back (issue 15 item 8): what
+"""Conntrack settings at start-up on the real kernel, read back: what
 `ipvsproxy run --once` leaves in /proc/sys/net/netfilter and the hashsize, as kube-proxy."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_run_sets_kube_proxys_conntrack_values_and_leaves_zeros_alone(clean, con
     assert read("nf_conntrack_udp_timeout") == 45
 
 
-# ---- issue 15 item 9: the flow a UDP client cached before the first endpoint goes with it
+# ---- the flow a UDP client cached before the first endpoint goes with it
 #
 # Measured on the 6.1 test kernel (vs.conntrack=1, conntrack active as the firewall rules
 # make it): a datagram to a virtual server with no destination is dropped by IPVS before

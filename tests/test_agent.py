@@ -37,7 +37,7 @@ def test_a_real_sigterm_halts_once_and_is_logged_outside_the_handler(caplog):
 
 
 def test_the_handler_returns_while_the_main_thread_holds_the_lock_halt_needs(caplog):
-    """The deadlock of issue 14: a signal arriving while the main thread holds a lock that
+    """The deadlock a signal could cause: one arriving while the main thread holds a lock that
     halting (or logging) takes again. The handler must return at once; the halt follows."""
     caplog.set_level(logging.INFO, logger="ipvsproxy.agent")
     lock = threading.Lock()  # stands for the runner's Event lock, or a logging handler's

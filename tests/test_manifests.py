@@ -197,7 +197,7 @@ def _nested_lists(depth: int) -> str:
         ("bad.yaml", b"[" * 100_000 + b"]" * 100_000, TOO_DEEP),
         ("bad.yaml", b"a:\n" + b"- " * 100_000 + b"x\n", TOO_DEEP),
         ("bad.yaml", b"a: [1, 2\n", "invalid YAML"),
-        # values PyYAML's constructors refuse with ValueError, not YAMLError (issue 14)
+        # values PyYAML's constructors refuse with ValueError, not YAMLError
         ("bad.yaml", b"kind: Service\nx: " + b"9" * 5000 + b"\n", "invalid YAML"),
         ("bad.yaml", b"a: 2020-13-45\n", "invalid YAML"),
         ("bad.yaml", b"a: !!float x\n", "invalid YAML"),

@@ -237,7 +237,7 @@ def test_pending_counts_services_by_name_and_slice_changes_one_by_one():
 
 class SlowHost(FakeHost):
     """The firewall's tools, each run taking `seconds` on the pass's clock (the 73.7 s
-    iptables-restore of issue 16 item 5)."""
+    iptables-restore)."""
 
     def __init__(self, clock: list[float], seconds: float) -> None:
         super().__init__()

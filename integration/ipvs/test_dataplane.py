@@ -1,4 +1,4 @@
-"""Dataplane parity in the real kernel (issue 15 items 2 and 5), with real traffic, through the
+"""Dataplane parity in the real kernel, with real traffic, through the
 real console script (`run --once --manifests`) with its firewall rules:
 
 - an externalIP that is one of the node's own addresses is served, but not bound to the dummy

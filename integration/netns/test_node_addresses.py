@@ -1,4 +1,4 @@
-"""This host's own addresses over rtnetlink, in a throw-away namespace (issue 15 item 7):
+"""This host's own addresses over rtnetlink, in a throw-away namespace:
 every link's but the dummy device's (VIPs), no loopback, no link-local; an address added or
 removed is seen by the next read."""
 

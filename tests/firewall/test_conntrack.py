@@ -117,7 +117,7 @@ def test_first_endpoints_and_removed_ones_go_in_one_batch():
 
 
 # ---- through the proxier: a first endpoint in a partial pass -----------------------------
-# The proxier forgets UDP flows that cached a black hole (issue 15 item 9): when a UDP
+# The proxier forgets UDP flows that cached a black hole: when a UDP
 # virtual server gets its first endpoint in a partial pass, its flows are deleted in the same
 # single `conntrack -R -` batch as those of removed endpoints.
 

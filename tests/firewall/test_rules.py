@@ -1,4 +1,4 @@
-"""The firewall's rules (firewall/rules.py), issue 15 items 1 and 3: the node's own
+"""The firewall's rules (firewall/rules.py): the node's own
 connections from a VIP are masqueraded without local detection, and the filter table's
 forwarding chain lets Service traffic through a host whose FORWARD policy is DROP."""
 

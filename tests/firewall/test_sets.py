@@ -1,5 +1,5 @@
 """The firewall's sets (firewall/sets.py). An externalIP that is one of the node's own
-addresses (issue 15 item 2) is served, but not bound to the dummy device and not a VIP, so
+addresses is served, but not bound to the dummy device and not a VIP, so
 the firewall's port filter (VIPS / SERVICE-PORTS) does not fence the node's other ports
 (SSH, kubelet, apiserver). Local addresses are told apart by family."""
 

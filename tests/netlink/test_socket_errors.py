@@ -1,5 +1,5 @@
 """A netlink socket that fails (ENOBUFS, EPERM, closed) surfaces as the project's errors,
-the OSError chained, at every entry point; a failed construction leaks no socket (issue 14).
+the OSError chained, at every entry point; a failed construction leaks no socket.
 
 The sockets are fakes: send()/recv() raise the OSError a real one would; nothing here
 opens a netlink socket or needs root.

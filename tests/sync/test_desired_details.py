@@ -1,7 +1,7 @@
 """Translation details that the table in test_desired.py does not see: each virtual server's
 access (kind, traffic policy, source ranges), which duplicate endpoint wins, claims within
 one Service, and the edges of what is translated at all. Each test here was checked by
-breaking the code it guards (issue 14; scripts/mutants)."""
+breaking the code it guards (scripts/mutants)."""
 
 from __future__ import annotations
 

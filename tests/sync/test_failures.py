@@ -1,4 +1,4 @@
-"""Refused settings and failed operations (issue 14): a Service whose scheduler the kernel
+"""Refused settings and failed operations: a Service whose scheduler the kernel
 lacks is served with the node's default, found out once; other failures are retried for
 their virtual server alone, with backoff; neither touches the node's health."""
 

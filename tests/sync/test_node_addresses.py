@@ -1,4 +1,4 @@
-"""NodePort addresses as kube-proxy takes them (issue 15 item 7): this host's own addresses
+"""NodePort addresses as kube-proxy takes them: this host's own addresses
 (not the Node object's), filtered by `--nodeport-addresses` per IP family (a family with no
 CIDR keeps all of its addresses), or the Node's primary IP per family with `primary`; an
 address added to or removed from the host is followed by the next full pass."""

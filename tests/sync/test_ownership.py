@@ -1,5 +1,5 @@
 """Which virtual servers ipvsproxy may delete: the NodePort range's edges and the rule as
-`ownership_for` builds it from the configuration (issue 14; scripts/mutants)."""
+`ownership_for` builds it from the configuration (scripts/mutants)."""
 
 from __future__ import annotations
 
