@@ -1,4 +1,4 @@
-"""Benchmark ipvsproxy's iptables fallback against its floors and issue 13's targets.
+"""Benchmark ipvsproxy's iptables fallback against its floors and targets.
 
 Runs on this host's own kernel (no VM needed), as root, each load in a fresh network
 namespace; prints a table. Figures are medians of REPEAT runs, wall-clock and CPU (this

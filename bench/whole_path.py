@@ -1,4 +1,4 @@
-"""The whole path, as an operator meets it: issue 13's targets in one VM boot.
+"""The whole path, as an operator meets it: the figures of docs/performance.md in one VM boot.
 
 Run inside the IPVS VM as root (scripts/bench-whole does that); prints a table. A generated
 cluster (bench/common.py `cluster()`: S Services x D endpoints, one in ten a NodePort, one
@@ -388,7 +388,7 @@ def agent_rows(
                 proc.kill()
                 proc.wait()
             kernel.close()
-    for row in out.rows:  # ratios as issue 13 states the targets
+    for row in out.rows:  # the first sync as a ratio to the floor
         if row.approach.startswith("first complete"):
             row.base = floor
 
