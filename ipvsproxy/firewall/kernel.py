@@ -231,7 +231,9 @@ class Firewall:
         """Sets first, filled (the rules match them), then rules, then unused sets.
         KernelError."""
         self._write(set_commands(plan.sets))
-        for version, _table, payload in plan.restores:
+        for version in sorted({version for version, _, _ in plan.restores}):
+            # one process per family: each table's transaction ends with its own COMMIT
+            payload = "".join(p for v, _, p in plan.restores if v == version)
             restore(self.commands, version, payload)
         self._write(destroy_commands(plan.stale_sets))
 
