@@ -229,7 +229,15 @@ def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, s
         "InterfaceNamePrefix": ("--pod-interface-name-prefix", opts["pod_interface_name_prefix"]),
         "BridgeInterface": ("--pod-bridge-interface", opts["pod_bridge_interface"]),
     }
-    if mode in needs and not needs[mode][1]:
+    if mode == "ClusterCIDR" and not cluster_cidrs:
+        # kube-proxy's getLocalDetector (cmd/kube-proxy/app/server_linux.go): a no-op
+        # detector, as in the file `kube-proxy --write-config-to` writes without --cluster-cidr
+        log.warning(
+            "detect-local-mode ClusterCIDR without a cluster CIDR (--cluster-cidr, or "
+            "clusterCIDR in --config): no traffic is detected as local, as in kube-proxy"
+        )
+        mode = ""
+    elif mode in needs and not needs[mode][1]:
         raise ConfigError(f"--detect-local-mode {mode} needs {needs[mode][0]}")
     for option, prefix in (
         ("--pod-interface-name-prefix", True),

@@ -82,7 +82,6 @@ def test_diff_in_sync_exits_0(tmp_path):
             ["--detect-local-mode", "InterfaceNamePrefix"],
             "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",
         ),
-        (["--detect-local-mode", "ClusterCIDR"], "ClusterCIDR needs --cluster-cidr"),
         (["--backend", "ipvs"], "IPVS"),  # no saved table: the live kernel, which lacks IPVS
     ],
 )

@@ -26,6 +26,12 @@ KUBEADM = FILES / "kubeadm-v1.36.2-init-defaults.yaml"
 
 def agent_config(monkeypatch, *args: str) -> tuple[Any, Any]:
     """What `ipvsproxy run ARGS` hands the agent (its config and source)."""
+    config, source, _ = agent_run(monkeypatch, *args)
+    return config, source
+
+
+def agent_run(monkeypatch, *args: str) -> tuple[Any, Any, str]:
+    """`agent_config`, with what the command wrote to stderr."""
     from ipvsproxy import agent
 
     seen: dict[str, Any] = {}
@@ -33,7 +39,7 @@ def agent_config(monkeypatch, *args: str) -> tuple[Any, Any]:
     monkeypatch.delenv("NODE_NAME", raising=False)
     result = CliRunner().invoke(main, ["run", *args])
     assert result.exit_code == 0, result.output
-    return seen["c"], seen["s"]
+    return seen["c"], seen["s"], result.stderr
 
 
 def test_the_file_kube_proxy_writes_loads_with_every_meaningful_field(monkeypatch):
@@ -49,6 +55,20 @@ def test_the_file_kube_proxy_writes_loads_with_every_meaningful_field(monkeypatc
     assert config.conntrack_tcp_timeout_established == 86400
     assert config.conntrack_tcp_timeout_close_wait == 3600
     assert config.masquerade_bit == 14
+
+
+def test_cluster_cidr_detection_without_a_cluster_cidr_detects_nothing_as_kube_proxy(
+    monkeypatch, tmp_path
+):
+    """`kube-proxy --write-config-to` without --cluster-cidr writes `detectLocalMode:
+    ClusterCIDR` with `clusterCIDR: ""`; kube-proxy runs with it, detecting nothing as local
+    (a no-op detector) and saying so once: so does ipvsproxy, instead of refusing it."""
+    written = tmp_path / "config.conf"
+    written.write_text(WRITTEN.read_text().replace("clusterCIDR: 10.244.0.0/16", 'clusterCIDR: ""'))
+    config, _, stderr = agent_run(monkeypatch, "--config", str(written))
+    assert config.detect_local_mode == ""
+    assert config.cluster_cidrs == ()
+    assert stderr.count("detect-local-mode ClusterCIDR without a cluster CIDR") == 1
 
 
 def test_kubeadms_file_loads_its_zero_values_unset(monkeypatch):
