@@ -246,7 +246,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             runner.stop()
 
         threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
-        servers = _serve(config, metrics.render, health)
+        servers = _serve(config, metrics.render, health, mode=backend.name)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
         try:
@@ -296,13 +296,20 @@ def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
     return lambda: node_addresses(config.dummy_device)
 
 
-def _serve(config: Config, metrics: Callable[[], bytes], health: Health) -> list[HttpServer]:
+def _serve(
+    config: Config, metrics: Callable[[], bytes], health: Health, *, mode: str
+) -> list[HttpServer]:
+    """The metrics port (/metrics, and /proxyMode as kube-proxy answers it: the backend in
+    use, `ipvs` or `iptables`) and the health port (/healthz, /livez)."""
     from ipvsproxy.serve import HttpServer
 
     text = "text/plain; version=0.0.4; charset=utf-8"
-    servers = [
-        HttpServer(config.metrics_bind_address, {"/metrics": lambda: (200, text, metrics())})
-    ]
+    plain = "text/plain; charset=utf-8"
+    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
+        "/metrics": lambda: (200, text, metrics()),
+        "/proxyMode": lambda: (200, plain, mode.encode()),
+    }
+    servers = [HttpServer(config.metrics_bind_address, routes)]
     try:
         servers.append(
             HttpServer(

@@ -25,7 +25,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -47,6 +50,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._clock = clock
         r = self.registry
+        # the process's CPU, memory, file descriptors and start time (process_*, as every
+        # Kubernetes component exports them), and the interpreter's (python_*)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         family = ["ip_family"]
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",

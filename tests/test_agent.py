@@ -189,3 +189,23 @@ def test_bad_input_is_reported_before_a_missing_backend(host, monkeypatch, tmp_p
         agent.run_once(CONFIG, manifest_paths=[bad])
     with pytest.raises(KernelUnavailable):  # good input: the backend's error
         agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
+
+
+@pytest.mark.parametrize("mode", ["ipvs", "iptables"])
+def test_the_metrics_port_answers_the_proxy_mode_as_kube_proxy(mode):
+    """kube-proxy's metrics server answers /proxyMode with its mode, which tooling reads to
+    tell how Services are implemented; ipvsproxy answers the backend in use."""
+    import urllib.request
+
+    from ipvsproxy.metrics import Metrics
+    from ipvsproxy.serve import Health
+
+    config = Config(metrics_bind_address=("127.0.0.1", 0), healthz_bind_address=("127.0.0.1", 0))
+    servers = agent._serve(config, Metrics().render, Health(timeout=60), mode=mode)
+    try:
+        url = f"http://127.0.0.1:{servers[0].port}/proxyMode"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert answer.read().decode() == mode
+    finally:
+        for server in servers:
+            server.close()

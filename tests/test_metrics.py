@@ -458,3 +458,18 @@ def test_services_falling_back_from_local_are_counted_per_policy_and_family():
     agent.sync()
     assert sample(agent.metrics, NAME, traffic_policy="internal", ip_family="IPv4") == 0
     assert sample(agent.metrics, NAME, traffic_policy="external", ip_family="IPv4") == 0
+
+
+def test_the_process_and_the_interpreter_are_exported():
+    """process_* (CPU, memory, descriptors, start time) as every Kubernetes component exports
+    them, and python_* for the interpreter: dashboards and alerts on them work unchanged."""
+    text = Metrics().render().decode()
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
+        assert f"\n{name}" in text, name
