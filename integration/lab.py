@@ -99,6 +99,7 @@ class Lab:
         self.clients: list[str] = []
         self._links: list[str] = []
         self._stop = threading.Event()
+        self._servers: list[threading.Thread] = []
 
     # ---- topology -----------------------------------------------------------------------
 
@@ -159,7 +160,9 @@ class Lab:
         for sock, serve in servers:
             if sock is not None:
                 backend.sockets.append(sock)
-                threading.Thread(target=serve, args=(sock, backend.name), daemon=True).start()
+                server = threading.Thread(target=serve, args=(sock, backend.name), daemon=True)
+                self._servers.append(server)
+                server.start()
 
     def add_client(self, extra: int = 0) -> str:
         n = len(self.clients) + 1
@@ -171,10 +174,18 @@ class Lab:
         return ns
 
     def close(self) -> None:
+        """Stop the servers before their sockets close: a server thread that asks a closed
+        socket's descriptor number again could read from whatever socket gets that number
+        next (a netlink socket of the next test, whose reply it would steal)."""
         self._stop.set()
-        for backend in self.backends:
-            for sock in backend.sockets:
-                sock.close()
+        sockets = [sock for backend in self.backends for sock in backend.sockets]
+        for sock in sockets:
+            with contextlib.suppress(OSError):  # unconnected UDP: ENOTCONN, woken all the same
+                sock.shutdown(socket.SHUT_RDWR)
+        for server in self._servers:
+            server.join(timeout=5)
+        for sock in sockets:
+            sock.close()
         for ns in [b.ns for b in self.backends] + self.clients:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         node = ["-n", self.node] if self.node else []
@@ -204,12 +215,12 @@ class Lab:
             except OSError:
                 pass
 
-    @staticmethod
-    def _serve_udp(sock: socket.socket, name: str) -> None:
-        while True:
+    def _serve_udp(self, sock: socket.socket, name: str) -> None:
+        while not self._stop.is_set():
             try:
-                _, peer = sock.recvfrom(64)
-                sock.sendto(name.encode(), peer)
+                data, peer = sock.recvfrom(64)
+                if data and not self._stop.is_set():
+                    sock.sendto(name.encode(), peer)
             except OSError:
                 return
 
