@@ -225,11 +225,10 @@ Op = (
     | BindAddress
     | UnbindAddress
 )
-# The classes of the operations that write a destination, and a service: isinstance() with
+# The classes of the operations that write a destination: isinstance() with
 # a tuple is a C loop, `A | B` builds a union object at every call (the loops over a cold
 # sync's plan see 10,000s of operations).
 DEST_WRITES = (AddDest, UpdateDest)
-SERVICE_WRITES = (AddService, UpdateService)
 
 
 def transition(state: IpvsState, op: Op) -> IpvsState:
