@@ -16,6 +16,7 @@ import pytest
 from ipvsproxy import logs
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
+from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.model import AddDest, Op
 from ipvsproxy.proxier import Proxier
@@ -23,7 +24,7 @@ from ipvsproxy.sync import ipvs_pass
 from ipvsproxy.sync.render import KINDS
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, port, service, slice_
-from tests.support import Synced, driven_agent
+from tests.support import FakeIptables, Synced, driven_agent
 
 CONFIG = Config(node_name="node-a")
 DNS_PORT = port("dns", 53, "UDP", target=53)
@@ -98,6 +99,26 @@ def test_removals_name_the_endpoint_and_a_service_no_longer_wanted_says_so(caplo
     gone = op_records(caplog)[1]
     assert not hasattr(gone, "service")
     assert (gone.vip, gone.scheduler) == ("10.96.0.53", "rr")  # type: ignore[attr-defined]
+
+
+def test_the_iptables_fallback_logs_its_operations_the_same_way_and_a_failed_restore(caplog):
+    commands = FakeIptables()
+    synced = Synced(Proxier(IptablesKernel(commands=commands), CONFIG))
+    commands.fail.add("iptables-restore")
+    with caplog.at_level(logging.DEBUG, logger="ipvsproxy.sync"):
+        result = synced.sync(cluster(dns=False))
+    records = op_records(caplog)
+    assert [r.op for r in records] == [KINDS[type(op)] for op in result.sync.plan]  # type: ignore[attr-defined]
+    assert len(result.sync.report.failures) == len(records) == 4  # one restore carried them all
+    assert (
+        records[2]
+        .getMessage()
+        .startswith(
+            "add-dest: Service shop/web:http, virtual server TCP 10.96.0.10:80 rr, "
+            "real server 10.244.0.1:8080 weight 1: failed: "
+        )
+    )
+    assert all(getattr(r, "error", "") for r in records)
 
 
 def test_at_info_no_operation_is_logged_nor_even_described(caplog, monkeypatch):
