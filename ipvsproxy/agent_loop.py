@@ -27,6 +27,7 @@ from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
 from ipvsproxy.proxier import PassResult, Proxier, touched
 from ipvsproxy.serve import Health
+from ipvsproxy.sync.render import sentence
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import Changes, Tracker
 
@@ -157,20 +158,25 @@ class AgentLoop:
             self._service_health.sync(self.proxier.health_checks, self._listen_on())
         self._log_failures(result)
         self._warn(self.proxier.warnings)  # substitutes for refused settings, named
+        counts = {
+            "operations": len(result.sync.plan),
+            "failed": len(report.failures),
+            "virtual_servers": result.virtual_servers,
+            "real_servers": result.real_servers,
+            "draining": result.sync.draining,
+            "firewall_changes": result.firewall_changes,
+            "seconds": round(seconds, 3),
+            "pass": "full" if result.full else "partial",
+            "services_changed": len(changes.services),
+            "firewall_seconds": round(result.firewall_seconds, 3),
+        }
         log.info(
-            "sync: %d operations (%d failed), %d virtual servers, %d real servers, "
-            "%d draining, %d firewall changes, %.3fs (%s, %d Services changed, "
-            "firewall %.3fs)",
-            len(result.sync.plan),
-            len(report.failures),
-            result.virtual_servers,
-            result.real_servers,
-            result.sync.draining,
-            result.firewall_changes,
-            seconds,
-            "full" if result.full else "partial",
-            len(changes.services),
-            result.firewall_seconds,
+            "sync: %(operations)d operations (%(failed)d failed), %(virtual_servers)d virtual "
+            "servers, %(real_servers)d real servers, %(draining)d draining, %(firewall_changes)d "
+            "firewall changes, %(seconds).3fs (%(pass)s, %(services_changed)d Services changed, "
+            "firewall %(firewall_seconds).3fs)",
+            counts,
+            extra=counts,
         )
         self.last = result
         if result.full:  # the period counts from its end, as the runner's does
@@ -207,14 +213,27 @@ class AgentLoop:
                 continue  # warned about as a refusal, served plainer at once
             text = str(failure.error)
             if self._logged.get(what) != text:
-                log.error("operation failed: %s", text)
+                fields = result.sync.facts(failure.op)
+                log.error(
+                    "operation failed: %s: %s",
+                    sentence(fields),
+                    text,
+                    extra={**fields, "error": text},
+                )
                 self._logged[what] = text
         for key in result.recovered:
             logged = [w for w in self._logged if w == key or (isinstance(w, tuple) and w[0] == key)]
             for what in logged:
                 del self._logged[what]
             if logged:
-                log.info("%s: programmed after earlier failures", key)
+                service = result.sync.names.get(key)
+                log.info(
+                    "%s%s: programmed after earlier failures",
+                    key,
+                    f" (Service {service})" if service else "",
+                    extra={"vip": str(key.address), "port": key.port, "protocol": key.proto.name}
+                    | ({"service": service} if service else {}),
+                )
 
     def _warn(self, warnings: tuple[str, ...]) -> None:
         """Log each input warning once, when it first appears (not on every sync)."""

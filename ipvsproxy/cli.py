@@ -6,14 +6,13 @@ some failed, 2 on bad input, 3 when it cannot start (no usable kernel backend), 
 is not usable and `--no-fallback` forbids the iptables fallback, 5 when IPVS is usable but
 a tool of its firewall rules is missing (and `--allow-no-firewall-rules` was not given).
 
-Imports: click (only here), config, agent, errors.
+Imports: click (only here), config, agent, logs, errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import sys
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from ipvsproxy import __version__, agent, kpconfig
+from ipvsproxy import __version__, agent, kpconfig, logs
 from ipvsproxy.backends import FirewallUnavailable
 from ipvsproxy.config import (
     Config,
@@ -294,7 +293,7 @@ def from_config_file(opts: dict[str, Any]) -> None:
         if name == "log_format":
             root = ctx.find_root()
             if root.get_parameter_source("log_format") not in given:
-                _set_log_format(str(value))
+                logs.set_format(str(value))
         elif name in opts and ctx.get_parameter_source(name) not in given:
             opts[name] = Path(str(value)) if name == "kubeconfig" else value
     if loaded.ignored:
@@ -305,13 +304,6 @@ def from_config_file(opts: dict[str, Any]) -> None:
         raise ConfigError(f"--proxy-mode {mode!r}: ipvsproxy is an IPVS proxy (ipvs only)")
     if opts.pop("v") >= 4:
         logging.getLogger().setLevel(logging.DEBUG)
-
-
-def _set_log_format(name: str) -> None:
-    if name not in ("text", "json"):
-        raise ConfigError(f"logging.format {name!r}: expected text or json")
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(JsonFormatter() if name == "json" else TEXT_FORMAT)
 
 
 def errors_to_exit(func: F) -> F:
@@ -354,27 +346,7 @@ def errors_to_exit(func: F) -> F:
 )
 def main(log_level: str, log_format: str) -> None:
     """ipvsproxy: Kubernetes Service VIPs with the kernel's IPVS load balancer."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TEXT_FORMAT)
-    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
-    for noisy in ("urllib3", "kubernetes"):  # their debug lines would drown ours
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
-
-
-TEXT_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(message)s")
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+    logs.configure(log_level, log_format)
 
 
 @main.command()

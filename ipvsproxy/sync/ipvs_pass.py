@@ -5,19 +5,28 @@ removed endpoints held at weight 0 while they drain), `apply_pass()` and `IpvsRe
 proxier (ipvsproxy/proxier.py) calls the two, on the whole table at a full resync and on
 the changed virtual servers only in between.
 
-Imports: sync.desired, sync.drain, sync.ownership, sync.plan, kernel, api, config, model.
+At debug level (`--v 4`) `apply_pass()` logs one line per operation of any backend (the
+IPVS table, or the iptables fallback's rules), naming the Service, the virtual server and
+the real server, with the fields of `sync.render.facts()`. Debug off, what that costs is one
+`isEnabledFor` per pass (a first sync at 10,000 Services x 10 sends 142,000 operations).
+
+Imports: sync.drain, sync.ownership, sync.plan, sync.render, kernel, model.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ipvsproxy.kernel import ApplyReport, Kernel, Plan
-from ipvsproxy.model import IpvsState, VSKey
+from ipvsproxy.model import EMPTY, IpvsState, Op, VSKey
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
+from ipvsproxy.sync.render import Facts, facts, sentence
+
+log = logging.getLogger("ipvsproxy.sync")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +47,12 @@ class IpvsResult:
     state: IpvsState  # what was asked of the kernel (desired plus draining destinations)
     draining: int = 0
     released: int = 0
+    names: Mapping[VSKey, str] = field(default_factory=dict)  # the Service port of each key
+    observed: IpvsState = EMPTY  # what the plan was made against
+
+    def facts(self, op: Op) -> Facts:
+        """The log fields of one of its operations (sync.render.facts)."""
+        return facts(op, self.names, self.state.services, self.observed.services)
 
 
 def plan_pass(
@@ -63,4 +78,28 @@ def apply_pass(
 ) -> IpvsResult:
     """Apply the plan (an empty one too when `repair`: the backend rewrites damage)."""
     report = kernel.apply(planned.plan, names=names) if planned.plan or repair else ApplyReport()
-    return IpvsResult(planned.plan, report, planned.state, planned.draining, planned.released)
+    result = IpvsResult(
+        planned.plan,
+        report,
+        planned.state,
+        planned.draining,
+        planned.released,
+        names,
+        planned.observed,
+    )
+    if log.isEnabledFor(logging.DEBUG):
+        log_operations(result)
+    return result
+
+
+def log_operations(result: IpvsResult) -> None:
+    """One debug line per operation; a refused one also says why (`error`)."""
+    refused = {failure.op: str(failure.error) for failure in result.report.failures}
+    services = (result.state.services, result.observed.services)
+    for op in result.plan:
+        fields = facts(op, result.names, *services)
+        text = sentence(fields)
+        if op in refused:
+            fields["error"] = refused[op]
+            text += f": failed: {refused[op]}"
+        log.debug("%s", text, extra=fields)

@@ -1,0 +1,93 @@
+"""The process's log output: one handler on stderr, as text or as one JSON object a line.
+
+Owns: `configure(level, fmt)` (the CLI calls it once, before anything logs), `set_format(fmt)`
+(a configuration file's `logging.format` switches it later), `TextFormatter`, `JsonFormatter`.
+docs/logging.md lists the fields.
+
+Both formats stamp RFC 3339 times in UTC with milliseconds (2026-11-26T02:55:01.123Z). A
+record's facts are passed with logging's `extra=` (e.g. `service`, `vip`, `op`, `error`): the
+JSON format writes each as a field of its own, the text format shows only the message, which
+the code logging it words to say the same facts.
+
+Imports: errors, the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from ipvsproxy.errors import ConfigError
+
+FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
+# Libraries whose debug lines would drown ours: at warning or above, whatever our level.
+NOISY = ("urllib3", "kubernetes")
+
+# What every LogRecord has of its own; anything else on a record came with `extra=`.
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+def configure(level: str, fmt: str, *, stream: TextIO | None = None) -> None:
+    """Log records at `level` and above to `stream` (stderr) in format `fmt` (text or json),
+    replacing any handler set before."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    for name in NOISY:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def set_format(fmt: str) -> None:
+    """Switch every handler of the root logger to format `fmt` (text or json)."""
+    chosen = formatter(fmt)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(chosen)
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    if fmt not in FORMATS:
+        raise ConfigError(f"logging.format {fmt!r}: expected text or json")
+    return JsonFormatter() if fmt == "json" else TextFormatter()
+
+
+def timestamp(record: logging.LogRecord) -> str:
+    """RFC 3339, UTC, milliseconds: 2026-11-26T02:55:01.123Z."""
+    when = datetime.fromtimestamp(record.created, tz=UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The facts a record carries beyond the standard attributes (its `extra=`)."""
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+
+
+class TextFormatter(logging.Formatter):
+    """`2026-11-26T02:55:01.123Z INFO message` (and a traceback, if any)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return timestamp(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"time", "level", "logger", "msg"}`, the record's extra fields, and `exc` (a
+    traceback) when there is one. An extra field never replaces one of the four."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in fields(record).items():
+            entry.setdefault(key, value)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
