@@ -345,3 +345,35 @@ def test_prepare_takes_the_conntrack_flags_too(monkeypatch):
     assert seen["c"].conntrack_min == 262144
     assert seen["c"].conntrack_tcp_be_liberal
     assert seen["c"].conntrack_tcp_timeout_established == 86400
+
+
+@pytest.mark.parametrize("content", [None, "not: [a kubeconfig", "apiVersion: v1\nkind: Config\n"])
+def test_run_changes_nothing_on_the_node_before_the_credentials_load(
+    monkeypatch, tmp_path, content
+):
+    """A missing or malformed kubeconfig fails (exit 2, one line) before the backend's probe
+    or any kernel setting (ip_forward, conntrack) is written."""
+    from ipvsproxy import agent, backends
+
+    touched: list[str] = []
+
+    def record(name: str) -> Any:
+        def touch(*args: Any, **kwargs: Any) -> Any:
+            touched.append(name)
+            raise AssertionError(f"{name} called before the credentials were loaded")
+
+        return touch
+
+    monkeypatch.setattr(agent, "open_backend", record("open_backend"))
+    monkeypatch.setattr(agent, "prepare", record("prepare"))
+    monkeypatch.setattr(backends, "prepare_node", record("prepare_node"))
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    result = run("run", "--kubeconfig", str(kubeconfig), "--healthz-bind-address", "127.0.0.1:0",
+                 "--metrics-bind-address", "127.0.0.1:0")  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert touched == []
+    assert str(kubeconfig) in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
