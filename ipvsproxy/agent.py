@@ -59,6 +59,7 @@ class Cluster:
 
     kubeconfig: Path | None = None
     context: str | None = None
+    master: str | None = None  # overrides the kubeconfig's server (kube-proxy's --master)
 
 
 Source = Manifests | Cluster
@@ -92,7 +93,9 @@ def changes_from(source: Source, config: Config) -> Changes:
         return tracker.take(everything=True)
     from ipvsproxy import kube
 
-    with kube.connect(kubeconfig=source.kubeconfig, context=source.context) as client:
+    with kube.connect(
+        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+    ) as client:
         for kind in (SERVICE, SLICE, NODE):
             kube.Watcher(
                 kind, api=client, node_name=config.node_name, sink=tracker, stop=threading.Event()
@@ -372,7 +375,9 @@ def _open_source(
 
     from ipvsproxy import kube
 
-    client = kube.connect(kubeconfig=source.kubeconfig, context=source.context)
+    client = kube.connect(
+        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+    )
     watchers = [
         kube.Watcher(
             kind,
