@@ -492,6 +492,7 @@ def from_config_file(opts: dict[str, Any]) -> None:
             raise ConfigError(f"{where}: {exc.message}") from None
         fields[name] = where
     ctx.meta[FIELDS] = fields
+    apply_logging(opts)  # first: the warnings below come out in the format asked for
     flags = [
         f"--{name}"
         for name in kpconfig.IGNORED_FLAGS
@@ -507,7 +508,6 @@ def from_config_file(opts: dict[str, Any]) -> None:
     mode = opts.pop("proxy_mode").strip()
     if mode not in ("", "ipvs"):
         raise ConfigError(f"--proxy-mode {mode!r}: ipvsproxy is an IPVS proxy (ipvs only)")
-    apply_logging(opts)
 
 
 def apply_logging(opts: dict[str, Any]) -> None:

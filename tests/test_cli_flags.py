@@ -250,3 +250,11 @@ def test_the_level_after_the_subcommand_wins():
     for command in (["cleanup", "--dry-run"], ["prepare"]):
         ctx = main.commands[command[0]].make_context(command[0], ["--log-level=debug", "-v", "4"])
         assert ctx.params["log_level"] == "debug"
+
+
+def test_the_warnings_of_the_command_line_come_in_the_format_it_asks_for(monkeypatch):
+    _, _, stderr = agent_run(monkeypatch, "--kubeconfig", "kc", "--kube-api-qps=50",
+                             "--logging-format=json")  # fmt: skip
+    warned = [line for line in stderr.splitlines() if "no meaning for ipvsproxy" in line]
+    assert len(warned) == 1, stderr
+    assert warned[0].startswith('{"'), stderr
