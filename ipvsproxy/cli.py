@@ -81,11 +81,15 @@ def format_sections(command: click.Command, ctx: click.Context, out: click.HelpF
 
 
 class Command(click.Command):
+    """A command whose `--help` lists its options by section."""
+
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         format_sections(self, ctx, formatter)
 
 
 class Group(click.Group):
+    """The group: its own options by section, then its commands (each a `Command`)."""
+
     command_class = Command
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
