@@ -59,6 +59,7 @@ class Cluster:
 
     kubeconfig: Path | None = None
     context: str | None = None
+    master: str | None = None  # overrides the kubeconfig's server (kube-proxy's --master)
 
 
 Source = Manifests | Cluster
@@ -92,7 +93,9 @@ def changes_from(source: Source, config: Config) -> Changes:
         return tracker.take(everything=True)
     from ipvsproxy import kube
 
-    with kube.connect(kubeconfig=source.kubeconfig, context=source.context) as client:
+    with kube.connect(
+        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+    ) as client:
         for kind in (SERVICE, SLICE, NODE):
             kube.Watcher(
                 kind, api=client, node_name=config.node_name, sink=tracker, stop=threading.Event()
@@ -202,18 +205,27 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     health = Health(timeout=2 * config.sync_period, on_answer=metrics.health_answered)
     service_health = ServiceHealth(healthy=health.healthy, on_bind_error=metrics.bind_failed)
     fatal: list[IpvsproxyError] = []
+    runners: list[Runner] = []
 
     def changed(kind: str) -> None:
         metrics.changed(kind)
         metrics.queued()
         health.queued()
-        runner.request()
+        for started in runners:  # none yet while the source is opened: the first sync is due
+            started.request()
 
     tracker = Tracker(
         required=(SERVICE, SLICE, NODE), on_change=changed, node_name=config.node_name
     )
     metrics.pending(tracker.pending)
-    with open_backend(config) as backend, ExitStack() as stack:
+    # Nothing on the node changes (not even the backend's probe) before the input is known
+    # good: the source is opened first, so a missing or malformed kubeconfig (or unreadable
+    # manifests) fails with the node untouched. Reaching the API is not required: the
+    # watchers retry that, and a node keeps its rules while the API server is down.
+    start_sources, close_source = _open_source(source, config, tracker, stop, metrics)
+    with ExitStack() as stack:
+        stack.callback(close_source)
+        backend = stack.enter_context(open_backend(config))
         prepare(backend, config)
         remove_leftovers(backend, config)
         metrics.use_backend(backend.name, others=BACKENDS)
@@ -233,6 +245,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             agent_loop, min_interval=config.min_sync_period, max_interval=config.sync_period
         )
         agent_loop.runner = runner
+        runners.append(runner)
 
         def halt(error: IpvsproxyError | None = None) -> None:
             if error is not None:
@@ -250,7 +263,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
         try:
-            threads = _start_sources(source, config, tracker, stop, halt, metrics, cleanups)
+            threads = start_sources(halt)
             with _signals(halt):
                 if not stop.is_set():
                     log.info("running: %s", _describe(source))
@@ -322,18 +335,23 @@ def _serve(
     return [server.start() for server in servers]
 
 
-def _start_sources(
+def _open_source(
     source: Source,
     config: Config,
     tracker: Tracker,
     stop: threading.Event,
-    halt: Callable[[IpvsproxyError | None], None],
     metrics: Any,
-    cleanups: list[Callable[[], object]],
-) -> list[threading.Thread]:
-    """Threads feeding the tracker; a fatal error in one halts the agent."""
+) -> tuple[
+    Callable[[Callable[[IpvsproxyError | None], None]], list[threading.Thread]], Callable[[], None]
+]:
+    """Open the source, failing (ConfigError) on what retrying cannot fix: manifests that
+    cannot be read, a kubeconfig (or in-cluster credentials) that cannot be loaded. Returns
+    what starts its threads feeding the tracker (a fatal error in one halts the agent) and
+    what closes it."""
 
-    def guarded(name: str, target: Callable[[], None]) -> threading.Thread:
+    def guarded(
+        name: str, target: Callable[[], None], halt: Callable[[IpvsproxyError | None], None]
+    ) -> threading.Thread:
         def body() -> None:
             try:
                 target()
@@ -353,26 +371,29 @@ def _start_sources(
 
         poller = ManifestSource(source.paths, sink=tracker, stop=stop)
         poller.load()  # unreadable at start: a ConfigError, exit 2
-        return [guarded("manifests", poller.run)]
+        return (lambda halt: [guarded("manifests", poller.run, halt)]), lambda: None
 
     from ipvsproxy import kube
 
-    client = kube.connect(kubeconfig=source.kubeconfig, context=source.context)
-    cleanups.append(client.close)
-    return [
-        guarded(
-            f"watch-{kind}",
-            kube.Watcher(
-                kind,
-                api=client,
-                node_name=config.node_name,
-                sink=tracker,
-                stop=stop,
-                on_restart=lambda k, reason: metrics.watch_restarts.labels(k, reason).inc(),
-            ).run,
+    client = kube.connect(
+        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+    )
+    watchers = [
+        kube.Watcher(
+            kind,
+            api=client,
+            node_name=config.node_name,
+            sink=tracker,
+            stop=stop,
+            on_restart=lambda k, reason: metrics.watch_restarts.labels(k, reason).inc(),
         )
         for kind in (SERVICE, SLICE, NODE)
     ]
+
+    def start(halt: Callable[[IpvsproxyError | None], None]) -> list[threading.Thread]:
+        return [guarded(f"watch-{w.kind}", w.run, halt) for w in watchers]
+
+    return start, client.close
 
 
 @contextmanager

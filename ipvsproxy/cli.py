@@ -15,7 +15,8 @@ import dataclasses
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,148 +47,269 @@ log = logging.getLogger("ipvsproxy")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The sections of `--help`, in this order; an option names its own (`SectionOption`)
+KUBE_PROXY = "kube-proxy compatible options"
+OWN = "ipvsproxy options"
+HTTP = "HTTP options (metrics, healthz)"
+LOGGING = "Logging options"
+IGNORED = "kube-proxy flags accepted with no meaning here (warned of unless kube-proxy's default)"
+SECTIONS = (KUBE_PROXY, OWN, HTTP, LOGGING, IGNORED)
+GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+FIELDS = "ipvsproxy.config_fields"  # ctx.meta: option -> "--config FILE: field ipvs.scheduler"
+
+
+class SectionOption(click.Option):
+    """An option that says under which heading of `--help` it is listed."""
+
+    def __init__(self, *args: Any, section: str = OWN, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.section = section
+
+
+def format_sections(command: click.Command, ctx: click.Context, out: click.HelpFormatter) -> None:
+    """The options of `command`, one titled list per section (click has no option groups)."""
+    rows: dict[str, list[tuple[str, str]]] = {section: [] for section in SECTIONS}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            rows[getattr(param, "section", OWN)].append(record)
+    for title, records in rows.items():
+        if records:
+            with out.section(title):
+                out.write_dl(records)
+
+
+class Command(click.Command):
+    """A command whose `--help` lists its options by section."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        format_sections(self, ctx, formatter)
+
+
+class Group(click.Group):
+    """The group: its own options by section, then its commands (each a `Command`)."""
+
+    command_class = Command
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        format_sections(self, ctx, formatter)
+        self.format_commands(ctx, formatter)
+
+
+def option(*decls: str, section: str, **kwargs: Any) -> Callable[[F], F]:
+    return click.option(*decls, cls=SectionOption, section=section, **kwargs)
+
+
+def kube_proxy_flag(*decls: str, help: str, section: str = KUBE_PROXY) -> Callable[[F], F]:
+    """A boolean flag as kube-proxy's (pflag's) are: `--name`, `--name=true|false`."""
+    return option(*decls, section=section, type=click.BOOL, is_flag=False, flag_value=True,
+                  default=False, metavar="[=true|false]", help=help)  # fmt: skip
+
+
+def apply(func: F, options: Sequence[Callable[[F], F]]) -> F:
+    for decorate in reversed(options):
+        func = decorate(func)
+    return func
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether the command line (or the environment) gave `name`, not a default or --config."""
+    return ctx.get_parameter_source(name) in GIVEN
+
+
+def flag(name: str, option: str) -> str:
+    """How an error names where the value of `name` came from: `option`, or --config's file
+    and field ("--config /etc/kp.yaml: field ipvs.scheduler")."""
+    ctx = click.get_current_context(silent=True)
+    fields: dict[str, str] = ctx.meta.get(FIELDS, {}) if ctx is not None else {}
+    return fields.get(name, option)
+
 
 def source_options(func: F) -> F:
     """Where Services, EndpointSlices and Nodes come from: files, or the Kubernetes API."""
-    options = [
-        click.option(
+    return apply(func, [
+        option(
             "--manifests",
             "manifest_paths",
+            section=OWN,
             multiple=True,
             type=click.Path(path_type=Path),
             help="YAML/JSON files or directories with Services, EndpointSlices and Nodes "
             "(repeatable); instead of the API.",
         ),
-        click.option(
+        option(
             "--kubeconfig",
+            section=KUBE_PROXY,
             type=click.Path(path_type=Path),
             help="kubeconfig file (default: in-cluster config, else ~/.kube/config).",
         ),
-        click.option("--context", help="The kubeconfig context to use."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+        option(
+            "--master",
+            section=KUBE_PROXY,
+            metavar="URL",
+            help="The API server's address; overrides the kubeconfig's server (without "
+            "--kubeconfig: the only configuration, no credentials), as kube-proxy's.",
+        ),
+        option("--context", section=OWN, help="The kubeconfig context to use."),
+    ])  # fmt: skip
 
 
 def make_source(opts: dict[str, Any]) -> agent.Source:
     paths = tuple(opts.pop("manifest_paths"))
-    kubeconfig, context = opts.pop("kubeconfig"), opts.pop("context")
-    if paths and (kubeconfig or context):
-        raise ConfigError("--manifests and --kubeconfig/--context exclude each other")
+    kubeconfig, context, master = opts.pop("kubeconfig"), opts.pop("context"), opts.pop("master")
+    if paths and (kubeconfig or context or master):
+        raise ConfigError("--manifests and --kubeconfig/--context/--master exclude each other")
     if paths:
         return agent.Manifests(paths)
-    return agent.Cluster(kubeconfig, context)
+    return agent.Cluster(kubeconfig, context, master or None)
 
 
-def node_options(func: F) -> F:
-    """Options shared by every command that computes desired state for this node."""
-    options = [
-        click.option(
-            "--hostname-override",
-            metavar="NAME",
-            envvar="NODE_NAME",
-            help="This node's name: which endpoints are local (default: $NODE_NAME, else "
-            "the host name).",
-        ),
-        click.option(
+def ownership_options(func: F) -> F:
+    """What says which virtual servers are ipvsproxy's: every command that changes or
+    removes them (`cleanup` too) takes these."""
+    return apply(func, [
+        option(
             "--nodeport-addresses",
+            section=KUBE_PROXY,
             metavar="CIDR,...|primary",
             default="",
             help="Node addresses NodePorts listen on: this host's addresses in these CIDRs "
             "(a family with none: all of its addresses), or 'primary': the Node's primary IP "
             "per family (default: every address of this host but the dummy device's).",
         ),
-        click.option(
-            "--scheduler",
-            "--ipvs-scheduler",
-            "scheduler",
-            default="rr",
-            show_default=True,
-            help="Node-wide default IPVS scheduler (a Service may override it by annotation).",
-        ),
-        click.option(
+        option(
             "--service-cidr",
+            section=OWN,
             metavar="CIDR,...",
             default="",
             help="Service VIP ranges: virtual servers there are ipvsproxy's (see Ownership).",
         ),
-        click.option(
+        option(
             "--ipvs-exclude-cidrs",
+            section=KUBE_PROXY,
             metavar="CIDR,...",
             default="",
             help="Virtual servers in these ranges are never changed or deleted.",
         ),
-        click.option(
+        option(
             "--service-node-port-range",
+            section=OWN,
             default="30000-32767",
             show_default=True,
             help="The cluster's NodePort range (ownership of node-address virtual servers).",
         ),
-        click.option(
+        option(
             "--dummy-device",
+            section=OWN,
             default="kube-ipvs0",
             show_default=True,
             help="The dummy device that holds the VIPs.",
         ),
-        click.option(
+    ])  # fmt: skip
+
+
+def node_options(func: F) -> F:
+    """Options shared by every command that computes desired state for this node."""
+    func = apply(func, [
+        option(
+            "--hostname-override",
+            section=KUBE_PROXY,
+            metavar="NAME",
+            envvar="NODE_NAME",
+            help="This node's name: which endpoints are local (default: $NODE_NAME, else "
+            "the host name).",
+        ),
+        option(
+            "--scheduler",
+            "--ipvs-scheduler",
+            "scheduler",
+            section=KUBE_PROXY,
+            default="rr",
+            show_default=True,
+            help="Node-wide default IPVS scheduler (a Service may override it by annotation).",
+        ),
+        option(
             "--backend",
+            section=OWN,
             type=click.Choice(["auto", "ipvs", "iptables"]),
             default="auto",
             show_default=True,
             help="auto: IPVS when a probe virtual server works, else the iptables fallback.",
         ),
-        click.option(
+        option(
             "--cluster-cidr",
+            section=KUBE_PROXY,
             metavar="CIDR,...",
             default="",
             help="The pod network: ClusterIP traffic from outside it is masqueraded (IPVS).",
         ),
-        click.option(
-            "--masquerade-all", is_flag=True, help="Masquerade all ClusterIP traffic (IPVS)."
-        ),
-        click.option(
+        kube_proxy_flag("--masquerade-all", help="Masquerade all ClusterIP traffic (IPVS)."),
+        option(
             "--masquerade-bit",
             "--iptables-masquerade-bit",
             "masquerade_bit",
+            section=KUBE_PROXY,
             type=click.IntRange(0, 31),
             default=14,
             show_default=True,
             help="The fwmark bit that marks packets to masquerade.",
         ),
-        click.option(
+        option(
             "--detect-local-mode",
+            section=KUBE_PROXY,
             type=click.Choice(
                 ["ClusterCIDR", "NodeCIDR", "InterfaceNamePrefix", "BridgeInterface"]
             ),
             help="How pod traffic is told apart (default: ClusterCIDR with --cluster-cidr).",
         ),
-        click.option(
+        option(
             "--pod-interface-name-prefix",
+            section=KUBE_PROXY,
             default="",
             help="For --detect-local-mode InterfaceNamePrefix (e.g. veth).",
         ),
-        click.option(
+        option(
             "--pod-bridge-interface",
+            section=KUBE_PROXY,
             default="",
             help="For --detect-local-mode BridgeInterface (e.g. cni0).",
         ),
-        click.option(
+        option(
             "--no-fallback",
+            section=OWN,
             is_flag=True,
             help="With --backend auto: exit (status 4) instead of falling back to iptables.",
         ),
-        click.option(
+        option(
             "--allow-no-firewall-rules",
+            section=OWN,
             is_flag=True,
             help="With IPVS: start even when a tool of the firewall rules (iptables-save, "
             "iptables-restore, ipset) is missing, which is otherwise refused (exit 5). "
             "Then there is no VIP port filter, no loadBalancerSourceRanges, no masquerade.",
         ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    ])  # fmt: skip
+    return ownership_options(func)
+
+
+def ownership_config(opts: dict[str, Any]) -> dict[str, Any]:
+    """The `Config` fields of `ownership_options`."""
+    nodeport = opts["nodeport_addresses"]
+    return {
+        "nodeport_cidrs": parse_cidrs(
+            "" if nodeport.strip() == "primary" else nodeport,
+            option=flag("nodeport_addresses", "--nodeport-addresses"),
+        ),
+        "nodeport_primary": nodeport.strip() == "primary",
+        "service_cidrs": parse_cidrs(opts["service_cidr"], option="--service-cidr"),
+        "exclude_cidrs": parse_cidrs(
+            opts["ipvs_exclude_cidrs"], option=flag("ipvs_exclude_cidrs", "--ipvs-exclude-cidrs")
+        ),
+        "nodeport_range": parse_port_range(
+            opts["service_node_port_range"], option="--service-node-port-range"
+        ),
+        "dummy_device": parse_interface_name(opts["dummy_device"], option="--dummy-device"),
+    }
 
 
 def make_config(opts: dict[str, Any]) -> Config:
@@ -196,18 +318,8 @@ def make_config(opts: dict[str, Any]) -> Config:
     cluster_cidrs, mode, interface = local_detection(opts)
     return Config(
         **({"node_name": node_name} if node_name else {}),
-        scheduler=parse_scheduler(opts["scheduler"], option="--scheduler"),
-        nodeport_cidrs=parse_cidrs(
-            "" if opts["nodeport_addresses"].strip() == "primary" else opts["nodeport_addresses"],
-            option="--nodeport-addresses",
-        ),
-        nodeport_primary=opts["nodeport_addresses"].strip() == "primary",
-        service_cidrs=parse_cidrs(opts["service_cidr"], option="--service-cidr"),
-        exclude_cidrs=parse_cidrs(opts["ipvs_exclude_cidrs"], option="--ipvs-exclude-cidrs"),
-        nodeport_range=parse_port_range(
-            opts["service_node_port_range"], option="--service-node-port-range"
-        ),
-        dummy_device=parse_interface_name(opts["dummy_device"], option="--dummy-device"),
+        scheduler=parse_scheduler(opts["scheduler"], option=flag("scheduler", "--scheduler")),
+        **ownership_config(opts),
         backend=opts["backend"],
         fallback=not opts["no_fallback"],
         allow_no_firewall=opts["allow_no_firewall_rules"],
@@ -221,7 +333,7 @@ def make_config(opts: dict[str, Any]) -> Config:
 
 def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, str]:
     """--cluster-cidr, --detect-local-mode and the interface it needs, checked together."""
-    cluster_cidrs = parse_cidrs(opts["cluster_cidr"], option="--cluster-cidr")
+    cluster_cidrs = parse_cidrs(opts["cluster_cidr"], option=flag("cluster_cidr", "--cluster-cidr"))
     mode = opts["detect_local_mode"] or ("ClusterCIDR" if cluster_cidrs else "")
     needs = {
         "ClusterCIDR": ("--cluster-cidr", ",".join(map(str, cluster_cidrs))),
@@ -237,14 +349,18 @@ def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, s
         )
         mode = ""
     elif mode in needs and not needs[mode][1]:
-        raise ConfigError(f"--detect-local-mode {mode} needs {needs[mode][0]}")
-    for option, prefix in (
+        where = flag("detect_local_mode", "--detect-local-mode")
+        if where.startswith("--config"):
+            field = kpconfig.field_of(needs[mode][0][2:].replace("-", "_"))
+            raise ConfigError(f"{where}: {mode} needs {field} (or {needs[mode][0]})")
+        raise ConfigError(f"{where} {mode} needs {needs[mode][0]}")
+    for option_name, prefix in (
         ("--pod-interface-name-prefix", True),
         ("--pod-bridge-interface", False),
     ):
-        name = opts[option[2:].replace("-", "_")]
-        if name:  # checked whenever given: it is written into iptables-restore input
-            parse_interface_name(name, option=option, prefix=prefix)
+        name = option_name[2:].replace("-", "_")
+        if opts[name]:  # checked whenever given: it is written into iptables-restore input
+            parse_interface_name(opts[name], option=flag(name, option_name), prefix=prefix)
     interface = needs[mode][1] if mode in ("InterfaceNamePrefix", "BridgeInterface") else ""
     return cluster_cidrs, mode, interface
 
@@ -252,57 +368,161 @@ def local_detection(opts: dict[str, Any]) -> tuple[tuple[IPNetwork, ...], str, s
 def kube_proxy_options(func: F) -> F:
     """kube-proxy's configuration file and the flags of its that have no ipvsproxy twin,
     so that a kube-proxy DaemonSet's arguments work as they are."""
-    options = [
-        click.option(
+    return apply(func, [
+        option(
             "--config",
             "config_file",
+            section=KUBE_PROXY,
             type=click.Path(path_type=Path),
             help="A KubeProxyConfiguration file (kube-proxy's --config, e.g. kubeadm's "
             "config.conf); flags given on the command line win over it.",
         ),
-        click.option(
+        option(
             "--proxy-mode",
+            section=KUBE_PROXY,
             default="",
             metavar="ipvs",
             help="kube-proxy's mode flag: only ipvs (or empty) is accepted.",
         ),
-        click.option(
+    ])  # fmt: skip
+
+
+# kube-proxy's flags with no meaning here: (name, click settings, why); accepted, and named
+# in one warning when given a value other than kube-proxy's default (kpconfig.IGNORED_FLAGS,
+# the same rule as --config's fields)
+_DURATION = {"metavar": "DURATION"}
+_BOOL = {"type": click.BOOL}
+IGNORED_FLAGS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("feature-gates", {"metavar": "KEY=BOOL,..."}, "ipvsproxy has no feature gates."),
+    ("bind-address", {"metavar": "IP"}, "The node's primary IP comes from its Node object."),
+    ("bind-address-hard-fail", _BOOL, "A port that cannot be bound always stops ipvsproxy."),
+    ("profiling", _BOOL, "No /debug/pprof."),
+    ("show-hidden-metrics-for-version", {"metavar": "X.Y"}, "No metric is hidden."),
+    ("iptables-localhost-nodeports", _BOOL, "kube-proxy's iptables mode only."),
+    ("iptables-sync-period", _DURATION, "kube-proxy's iptables mode (see --sync-period)."),
+    ("iptables-min-sync-period", _DURATION, "kube-proxy's iptables mode (see --min-sync-period)."),
+    ("kube-api-content-type", {}, "ipvsproxy asks for JSON."),
+    ("kube-api-qps", {"type": float}, "No client-side rate limit (docs/kube-proxy-compat.md)."),
+    ("kube-api-burst", {"type": int}, "No client-side rate limit (docs/kube-proxy-compat.md)."),
+    ("oom-score-adj", {"type": click.IntRange(-1000, 1000)},
+     "The kubelet sets it (-997: system-node-critical)."),
+    ("config-sync-period", _DURATION, "The watches have no periodic relist."),
+    ("vmodule", {"metavar": "PATTERN=N,..."}, "klog's per-file verbosity."),
+    ("log-flush-frequency", _DURATION, "ipvsproxy's logs are not buffered."),
+    ("log-text-split-stream", _BOOL, "One stream: stderr."),
+    ("log-text-info-buffer-size", {"metavar": "SIZE"}, "Not buffered."),
+    ("log-json-split-stream", _BOOL, "One stream: stderr."),
+    ("log-json-info-buffer-size", {"metavar": "SIZE"}, "Not buffered."),
+)  # fmt: skip
+
+
+def ignored_flag_options(func: F) -> F:
+    """The options of `IGNORED_FLAGS`, with kube-proxy's defaults."""
+    options = []
+    for name, settings, why in IGNORED_FLAGS:
+        defaults = kpconfig.IGNORED_FLAGS[name]
+        if settings is _BOOL:
+            options.append(kube_proxy_flag(f"--{name}", help=why, section=IGNORED))
+            continue
+        options.append(
+            option(
+                f"--{name}",
+                section=IGNORED,
+                default=defaults[0] if defaults else "",
+                show_default=bool(defaults),
+                help=why,
+                **settings,
+            )  # fmt: skip
+        )
+    return apply(func, options)
+
+
+def logging_options(func: F) -> F:
+    """The logging options, accepted after the subcommand too (there they win over the ones
+    before it)."""
+    return apply(func, [
+        option(
+            "--log-level",
+            section=LOGGING,
+            type=click.Choice(["debug", "info", "warning", "error"]),
+            default="info",
+            show_default=True,
+            help="Log lines of this level and above.",
+        ),
+        option(
+            "--log-format",
+            "--logging-format",
+            "log_format",
+            section=LOGGING,
+            type=click.Choice(["text", "json"]),
+            default="text",
+            show_default=True,
+            help="json: one JSON object per line (time, level, logger, msg). "
+            "--logging-format is kube-proxy's name.",
+        ),
+        option(
             "--v",
             "-v",
             "v",
+            section=LOGGING,
             type=click.IntRange(min=0),
             default=0,
             metavar="N",
             help="kube-proxy's (klog's) verbosity: 4 or more logs at debug level.",
         ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    ])  # fmt: skip
 
 
 def from_config_file(opts: dict[str, Any]) -> None:
     """Fill `opts` from `--config` where the command line (or the environment) gave no
-    value, check `--proxy-mode`, apply `--v` and the file's logging format. Precedence:
-    command line > environment > file > defaults."""
+    value, check `--proxy-mode`, warn once of what has no meaning here, apply the logging
+    options. Precedence: command line > environment > file > defaults. A value from the
+    file is checked as its flag is; an error names the file and the field."""
     ctx = click.get_current_context()
     path = opts.pop("config_file")
     loaded = kpconfig.load(path) if path is not None else kpconfig.Loaded()
-    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    params = {param.name: param for param in ctx.command.params}
+    fields: dict[str, str] = {}
     for name, value in loaded.values.items():
-        if name == "log_format":
-            root = ctx.find_root()
-            if root.get_parameter_source("log_format") not in given:
-                logs.set_format(str(value))
-        elif name in opts and ctx.get_parameter_source(name) not in given:
-            opts[name] = Path(str(value)) if name == "kubeconfig" else value
+        if name not in opts or given(ctx, name):
+            continue
+        if name == "log_format" and given(ctx.find_root(), name):
+            continue  # given before the subcommand
+        where = f"--config {path}: field {loaded.fields[name]}"
+        try:
+            opts[name] = params[name].type.convert(value, params[name], ctx)
+        except click.BadParameter as exc:
+            raise ConfigError(f"{where}: {exc.message}") from None
+        fields[name] = where
+    ctx.meta[FIELDS] = fields
+    apply_logging(opts)  # first: the warnings below come out in the format asked for
+    flags = [
+        f"--{name}"
+        for name in kpconfig.IGNORED_FLAGS
+        if kpconfig.meaningless(
+            opts.pop(name.replace("-", "_"), None), kpconfig.IGNORED_FLAGS[name]
+        )
+    ]
+    if flags:
+        log.warning("ignored (no meaning for ipvsproxy): %s", ", ".join(flags))
     if loaded.ignored:
         log.warning("--config %s: ignored (no meaning for ipvsproxy): %s", path,
                     ", ".join(loaded.ignored))  # fmt: skip
     mode = opts.pop("proxy_mode").strip()
     if mode not in ("", "ipvs"):
         raise ConfigError(f"--proxy-mode {mode!r}: ipvsproxy is an IPVS proxy (ipvs only)")
-    if opts.pop("v") >= 4:
+
+
+def apply_logging(opts: dict[str, Any]) -> None:
+    """The logging options of a subcommand (popped from `opts`): given after it (or set by
+    --config), they win over those given before it."""
+    ctx = click.get_current_context()
+    level, log_format, verbosity = opts.pop("log_level"), opts.pop("log_format"), opts.pop("v")
+    if given(ctx, "log_level"):
+        logs.set_level(level)
+    if given(ctx, "log_format") or "log_format" in ctx.meta.get(FIELDS, {}):
+        logs.set_format(log_format)
+    if verbosity >= 4:
         logging.getLogger().setLevel(logging.DEBUG)
 
 
@@ -329,20 +549,27 @@ def errors_to_exit(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="ipvsproxy")
-@click.option(
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ipvsproxy", cls=SectionOption, section=OWN)
+@option(
     "--log-level",
+    section=LOGGING,
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
     show_default=True,
+    help="Log lines of this level and above.",
 )
-@click.option(
+@option(
     "--log-format",
+    "--logging-format",
+    "log_format",
+    section=LOGGING,
     type=click.Choice(["text", "json"]),
     default="text",
     show_default=True,
-    help="json: one JSON object per line (time, level, logger, msg).",
+    help="json: one JSON object per line (time, level, logger, msg and the record's fields, "
+    "docs/logging.md). --logging-format is "
+    "kube-proxy's name. Given after the command too, these win there.",
 )
 def main(log_level: str, log_format: str) -> None:
     """ipvsproxy: Kubernetes Service VIPs with the kernel's IPVS load balancer."""
@@ -351,15 +578,26 @@ def main(log_level: str, log_format: str) -> None:
 
 @main.command()
 @source_options
-@click.option(
+@option(
     "--kernel-state",
+    section=OWN,
     type=click.Path(path_type=Path),
     help="Observed IPVS table: a file with the output of `ipvsadm-save -n` "
     "(default: read the live kernel; needs root and IPVS).",
 )
-@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+@option(
+    "--output",
+    "-o",
+    section=OWN,
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: ipvsadm-like lines with the Service each one is for; json: one document "
+    "with the operations, a summary and the warnings.",
+)
 @node_options
 @kube_proxy_options
+@logging_options
 @errors_to_exit
 def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     """Dry run: print the plan `run` would apply; change nothing.
@@ -382,24 +620,28 @@ def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     sys.exit(result.exit_code)
 
 
-def duration(name: str, default: str, text: str) -> Callable[[F], F]:
-    return click.option(name, default=default, show_default=True, metavar="DURATION", help=text)
+def duration(name: str, default: str, text: str, *names: str) -> Callable[[F], F]:
+    """A kube-proxy duration option (Go syntax: 1m30s, 500ms)."""
+    return option(name, *names, section=KUBE_PROXY, default=default, show_default=True,
+                  metavar="DURATION", help=text)  # fmt: skip
 
 
 def conntrack_options(func: F) -> F:
     """kube-proxy's `--conntrack-*` flags, names and defaults (cmd/kube-proxy/app/options.go)."""
     count = click.IntRange(min=0)
-    options = [
-        click.option(
+    return apply(func, [
+        option(
             "--conntrack-max-per-core",
+            section=KUBE_PROXY,
             type=count,
             default=32768,
             show_default=True,
             help="Maximum number of NAT connections to track per CPU core (0 to leave the "
             "limit as-is and ignore --conntrack-min).",
         ),
-        click.option(
+        option(
             "--conntrack-min",
+            section=KUBE_PROXY,
             type=count,
             default=131072,
             show_default=True,
@@ -416,9 +658,8 @@ def conntrack_options(func: F) -> F:
             "1h0m0s",
             "NAT timeout for TCP connections in the CLOSE_WAIT state (0 to leave as-is).",
         ),
-        click.option(
+        kube_proxy_flag(
             "--conntrack-tcp-be-liberal",
-            is_flag=True,
             help="Enable liberal mode for tracking TCP packets (nf_conntrack_tcp_be_liberal=1).",
         ),
         duration(
@@ -431,10 +672,7 @@ def conntrack_options(func: F) -> F:
             "0s",
             "Idle timeout for ASSURED UDP connections (0 to leave as-is).",
         ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    ])  # fmt: skip
 
 
 def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
@@ -442,7 +680,7 @@ def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
     in whole seconds, as kube-proxy truncates them."""
 
     def seconds(name: str) -> int:
-        return int(parse_duration(opts.pop(name), option="--" + name.replace("_", "-")))
+        return int(parse_duration(opts.pop(name), option=flag(name, "--" + name.replace("_", "-"))))
 
     return {
         "conntrack_max_per_core": opts.pop("conntrack_max_per_core"),
@@ -460,82 +698,114 @@ def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def http_options(func: F) -> F:
+    """The metrics and health endpoints, with kube-proxy's names and defaults."""
+    return apply(func, [
+        option(
+            "--metrics-bind-address",
+            section=HTTP,
+            default="127.0.0.1:10249",
+            show_default=True,
+            metavar="ADDR[:PORT]",
+            help="Where /metrics (Prometheus) and /proxyMode are served.",
+        ),
+        option(
+            "--healthz-bind-address",
+            section=HTTP,
+            default="0.0.0.0:10256",
+            show_default=True,
+            metavar="ADDR[:PORT]",
+            help="Where /healthz and /livez are served.",
+        ),
+        option(
+            "--metrics-port",
+            section=HTTP,
+            type=click.IntRange(0, 65535),
+            default=10249,
+            help="kube-proxy's deprecated flag: the port of a --metrics-bind-address given "
+            "without one.",
+        ),
+        option(
+            "--healthz-port",
+            section=HTTP,
+            type=click.IntRange(0, 65535),
+            default=10256,
+            help="kube-proxy's deprecated flag: the port of a --healthz-bind-address given "
+            "without one.",
+        ),
+    ])  # fmt: skip
+
+
+def once_options(func: F) -> F:
+    """kube-proxy's flags that make it do one thing and exit, and ipvsproxy's --once."""
+    return apply(func, [
+        option(
+            "--once",
+            section=OWN,
+            is_flag=True,
+            help="Sync once, then exit (0: all applied, 1: failures).",
+        ),
+        kube_proxy_flag(
+            "--cleanup",
+            help="Remove ipvsproxy's rules and exit, as `ipvsproxy cleanup` (kube-proxy's "
+            "--cleanup removes its own).",
+        ),
+        kube_proxy_flag(
+            "--init-only",
+            help="Make the node settings that need privileges and exit, as `ipvsproxy prepare`.",
+        ),
+        option(
+            "--write-config-to",
+            section=KUBE_PROXY,
+            metavar="FILE",
+            help="kube-proxy's; refused (exit 2): ipvsproxy writes no configuration file.",
+        ),
+        click.version_option(__version__, prog_name="ipvsproxy", cls=SectionOption,
+                             section=KUBE_PROXY),  # fmt: skip
+    ])  # fmt: skip
+
+
 @main.command()
 @source_options
-@click.option("--once", is_flag=True, help="Sync once, then exit (0: all applied, 1: failures).")
-@click.option(
+@once_options
+@duration(
     "--min-sync-period",
+    "1s",
+    "At most one sync per this (e.g. 1s, 500ms).",
     "--ipvs-min-sync-period",
     "min_sync_period",
-    default="1s",
-    show_default=True,
-    metavar="DURATION",
-    help="At most one sync per this (e.g. 1s, 500ms).",
 )
-@click.option(
+@duration(
     "--sync-period",
+    "30s",
+    "At least one full resync per this.",
     "--ipvs-sync-period",
     "sync_period",
+)
+@option(
+    "--drain-timeout",
+    section=OWN,
     default="30s",
     show_default=True,
     metavar="DURATION",
-    help="At least one full resync per this.",
+    help="How long a removed endpoint keeps its connections (0: until they end, as kube-proxy).",
 )
-@duration(
-    "--drain-timeout",
-    "30s",
-    "How long a removed endpoint keeps its connections (0: until they end, as kube-proxy).",
-)
-@click.option(
-    "--metrics-bind-address",
-    default="127.0.0.1:10249",
-    show_default=True,
-    metavar="ADDR:PORT",
-    help="Where /metrics (Prometheus) is served.",
-)
-@click.option(
-    "--healthz-bind-address",
-    default="0.0.0.0:10256",
-    show_default=True,
-    metavar="ADDR:PORT",
-    help="Where /healthz and /livez are served.",
-)
-@click.option(
-    "--strict-arp",
-    "--ipvs-strict-arp",
-    "strict_arp",
-    is_flag=True,
-    help="Set arp_ignore=1 and arp_announce=2.",
-)
-@click.option(
-    "--tcp-timeout",
-    "--ipvs-tcp-timeout",
-    "tcp_timeout",
-    default="0s",
-    metavar="DURATION",
-    help="IPVS TCP timeout (0: leave the kernel's).",
-)
-@click.option(
-    "--tcp-fin-timeout",
-    "--ipvs-tcpfin-timeout",
-    "tcp_fin_timeout",
-    default="0s",
-    metavar="DURATION",
-    help="IPVS TCP FIN_WAIT timeout (0: leave the kernel's).",
-)
-@click.option(
-    "--udp-timeout",
-    "--ipvs-udp-timeout",
-    "udp_timeout",
-    default="0s",
-    metavar="DURATION",
-    help="IPVS UDP timeout (0: leave the kernel's).",
-)
+@kube_proxy_flag("--strict-arp", "--ipvs-strict-arp", "strict_arp",
+                 help="Set arp_ignore=1 and arp_announce=2.")  # fmt: skip
+@duration("--tcp-timeout", "0s", "IPVS TCP timeout (0: leave the kernel's).",
+          "--ipvs-tcp-timeout", "tcp_timeout")  # fmt: skip
+@duration("--tcp-fin-timeout", "0s", "IPVS TCP FIN_WAIT timeout (0: leave the kernel's).",
+          "--ipvs-tcpfin-timeout", "tcp_fin_timeout")  # fmt: skip
+@duration("--udp-timeout", "0s", "IPVS UDP timeout (0: leave the kernel's).",
+          "--ipvs-udp-timeout", "udp_timeout")  # fmt: skip
 @conntrack_options
 @node_options
 @kube_proxy_options
+@ignored_flag_options
+@http_options
+@logging_options
 @errors_to_exit
-def run(once: bool, **opts: Any) -> None:
+def run(once: bool, cleanup: bool, init_only: bool, **opts: Any) -> None:
     """Program the kernel's IPVS table from Services and EndpointSlices.
 
     Watches the Kubernetes API (--kubeconfig, else in-cluster, else ~/.kube/config), or
@@ -545,8 +815,22 @@ def run(once: bool, **opts: Any) -> None:
     4 no IPVS and --no-fallback, 5 IPVS without a tool its firewall rules need.
     """
     from_config_file(opts)
+    if opts.pop("write_config_to"):
+        raise ConfigError(
+            "--write-config-to: ipvsproxy writes no configuration file (use kube-proxy's, "
+            "or kubeadm's kube-proxy ConfigMap, with --config)"
+        )
     source = make_source(opts)
     config = run_config(opts)
+    if cleanup or init_only:
+        lines = (
+            cleanup_lines(agent.cleanup(config, dry_run=False), dry_run=False, whose="ipvsproxy's")
+            if cleanup
+            else agent.prepare_host(config)
+        )
+        for line in lines:
+            click.echo(line)
+        return
     if once:
         if not isinstance(source, agent.Manifests):
             raise ConfigError("--once needs --manifests (the API source is long-running)")
@@ -569,16 +853,28 @@ def run_config(opts: dict[str, Any]) -> Config:
     """`make_config` plus run's own options."""
 
     def seconds(name: str) -> float:
-        return parse_duration(opts.pop(name), option="--" + name.replace("_", "-"))
+        return parse_duration(opts.pop(name), option=flag(name, "--" + name.replace("_", "-")))
 
     def bind(name: str) -> tuple[str, int]:
-        return parse_bind_address(opts.pop(name), option="--" + name.replace("_", "-"))
+        text = opts.pop(f"{name}_bind_address")
+        port = opts.pop(f"{name}_port")
+        option_name = flag(f"{name}_bind_address", f"--{name}-bind-address")
+        if _is_ip(text):  # kube-proxy's AppendPortIfNeeded: --<name>-port's, by default its own
+            text = f"[{text}]:{port}" if ":" in text else f"{text}:{port}"
+        return parse_bind_address(text, option=option_name)
 
+    texts = {name: opts[name] for name in ("min_sync_period", "sync_period")}
     min_sync, sync_period, drain = (
         seconds(n) for n in ("min_sync_period", "sync_period", "drain_timeout")
     )
-    if sync_period <= 0 or min_sync > sync_period:
-        raise ConfigError("--sync-period must be positive and at least --min-sync-period")
+    if sync_period <= 0:
+        raise ConfigError(f"{flag('sync_period', '--sync-period')}: must be positive")
+    if min_sync > sync_period:
+        raise ConfigError(
+            f"{flag('min_sync_period', '--min-sync-period')}: {texts['min_sync_period']!r} is "
+            f"longer than the sync period ({flag('sync_period', '--sync-period')}: "
+            f"{texts['sync_period']!r})"
+        )
     return dataclasses.replace(
         make_config(opts),
         strict_arp=opts.pop("strict_arp"),
@@ -589,26 +885,44 @@ def run_config(opts: dict[str, Any]) -> Config:
         min_sync_period=min_sync,
         sync_period=sync_period,
         drain_timeout=drain,
-        metrics_bind_address=bind("metrics_bind_address"),
-        healthz_bind_address=bind("healthz_bind_address"),
+        metrics_bind_address=bind("metrics"),
+        healthz_bind_address=bind("healthz"),
     )
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ip_address(text.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False
+    return True
+
+
+def cleanup_lines(removed: list[str], *, dry_run: bool, whose: str) -> list[str]:
+    verb = "would remove" if dry_run else "removed"
+    summary = f"{verb} {len(removed)} objects" if removed else f"nothing of {whose} found"
+    return [*(f"{verb}: {item}" for item in removed), summary]
+
+
 @main.command()
-@click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
-@click.option(
+@option("--dry-run", section=OWN, is_flag=True,
+        help="List what would be removed; change nothing.")  # fmt: skip
+@option(
     "--kube-proxy",
     "kube_proxy",
+    section=OWN,
     is_flag=True,
     help="Remove what kube-proxy's IPVS mode left instead: its KUBE-* chains and jumps, "
     "its ipsets; the IPVS table and kube-ipvs0 stay for ipvsproxy to take over in place.",
 )
-@click.option(
+@option(
     "--including-ipvs",
+    section=OWN,
     is_flag=True,
     help="With --kube-proxy: also its virtual servers (the ownership rule) and kube-ipvs0.",
 )
-@node_options
+@ownership_options
+@logging_options
 @errors_to_exit
 def cleanup(dry_run: bool, kube_proxy: bool, including_ipvs: bool, **opts: Any) -> None:
     """Remove everything ipvsproxy owns, in both backends, and nothing else.
@@ -618,30 +932,34 @@ def cleanup(dry_run: bool, kube_proxy: bool, including_ipvs: bool, **opts: Any) 
     chains (IPVSPX-*) and the jumps into them. With --kube-proxy: kube-proxy's leftovers
     instead (see the README's migration guide). Exit status: 0 done, 2 error.
     """
+    apply_logging(opts)
     if including_ipvs and not kube_proxy:
         raise ConfigError("--including-ipvs goes with --kube-proxy")
-    config = make_config(opts)
+    config = Config(**ownership_config(opts))
     if kube_proxy:
         removed = agent.cleanup_kube_proxy(config, dry_run=dry_run, ipvs=including_ipvs)
         whose = "kube-proxy's"
     else:
         removed = agent.cleanup(config, dry_run=dry_run)
         whose = "ipvsproxy's"
-    verb = "would remove" if dry_run else "removed"
-    for item in removed:
-        click.echo(f"{verb}: {item}")
-    click.echo(f"{verb} {len(removed)} objects" if removed else f"nothing of {whose} found")
+    for line in cleanup_lines(removed, dry_run=dry_run, whose=whose):
+        click.echo(line)
 
 
 @main.command()
-@click.option(
+@option(
     "--scheduler",
+    "--ipvs-scheduler",
+    "scheduler",
+    section=KUBE_PROXY,
     default="rr",
     show_default=True,
     help="The node-wide default scheduler, whose module is loaded.",
 )
-@click.option("--strict-arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2.")
+@kube_proxy_flag("--strict-arp", "--ipvs-strict-arp", "strict_arp",
+                 help="Set arp_ignore=1 and arp_announce=2.")  # fmt: skip
 @conntrack_options
+@logging_options
 @errors_to_exit
 def prepare(scheduler: str, strict_arp: bool, **opts: Any) -> None:
     """Load the IPVS modules and set the kernel settings ipvsproxy needs, then exit.
@@ -650,6 +968,7 @@ def prepare(scheduler: str, strict_arp: bool, **opts: Any) -> None:
     and a read-only /proc/sys. `run` checks the same settings at start. Exit 0, or 3 when a
     setting cannot be written (the conntrack ones, `--conntrack-*`, only warn, as in `run`).
     """
+    apply_logging(opts)
     config = Config(
         scheduler=parse_scheduler(scheduler, option="--scheduler"),
         strict_arp=strict_arp,

@@ -11,7 +11,8 @@ A field left at its zero value (null, "", 0, 0s, false), as kubeadm's file leave
 unset: the option keeps its default. Fields with no meaning here (another proxy mode's,
 profiling, client rate limits, ...) are named in one warning when set to anything but
 their zero value or kube-proxy's default; a field kube-proxy does not know is an error, as
-kube-proxy's strict decoding makes it one, and so is a `mode` other than ipvs.
+kube-proxy's strict decoding makes it one, and so is a `mode` other than ipvs. kube-proxy's
+flags with no meaning here (`IGNORED_FLAGS`) are warned of by the same rule.
 
 Imports: errors, the standard library, yaml.
 """
@@ -88,6 +89,30 @@ IGNORED: dict[tuple[str, str], tuple[object, ...]] = {
     ("logging", "options"): ({"json": {"infoBufferSize": "0"}, "text": {"infoBufferSize": "0"}},),
     ("logging", "vmodule"): (),
 }
+# kube-proxy's flags that mean nothing here (cmd/kube-proxy/app/options.go and the logging
+# flags of k8s.io/component-base, v1.36), with kube-proxy's defaults: the CLI accepts them
+# and names the ones given in one warning, by the rule of the fields above (`meaningless`)
+IGNORED_FLAGS: dict[str, tuple[object, ...]] = {
+    "feature-gates": (),
+    "bind-address": ("0.0.0.0", "::"),
+    "bind-address-hard-fail": (),
+    "profiling": (),
+    "show-hidden-metrics-for-version": (),
+    "iptables-localhost-nodeports": (True,),
+    "iptables-sync-period": ("30s",),
+    "iptables-min-sync-period": ("1s",),
+    "kube-api-content-type": ("application/vnd.kubernetes.protobuf",),
+    "kube-api-qps": (5,),
+    "kube-api-burst": (10,),
+    "oom-score-adj": (-999,),
+    "config-sync-period": ("15m0s", "15m"),
+    "vmodule": (),
+    "log-flush-frequency": ("5s",),
+    "log-text-split-stream": (),
+    "log-text-info-buffer-size": ("0",),
+    "log-json-split-stream": (),
+    "log-json-info-buffer-size": ("0",),
+}
 SECTIONS = {"clientConnection", "conntrack", "detectLocal", "ipvs", "iptables", "logging",
             "nftables", "winkernel"}  # fmt: skip
 TOP = {"apiVersion", "kind", "mode"} | SECTIONS
@@ -99,6 +124,7 @@ class Loaded:
 
     values: Mapping[str, object] = field(default_factory=dict)
     ignored: tuple[str, ...] = ()
+    fields: Mapping[str, str] = field(default_factory=dict)  # option -> its field, "ipvs.scheduler"
 
 
 def load(path: Path) -> Loaded:
@@ -129,9 +155,10 @@ def parse(doc: object) -> Loaded:
         )
     mode = doc.get("mode") or ""
     if mode not in ("", "ipvs"):
-        raise ConfigError(f"mode: {mode!r}: ipvsproxy is an IPVS proxy (mode ipvs, or empty)")
+        raise ConfigError(f"field mode: {mode!r}: ipvsproxy is an IPVS proxy (mode ipvs, or empty)")
     values: dict[str, object] = {}
     ignored: list[str] = []
+    origins: dict[str, str] = {}
     for section, fields in _fields(doc):
         for name, value in fields.items():
             where = f"{section}.{name}" if section else name
@@ -140,12 +167,25 @@ def parse(doc: object) -> Loaded:
                 converted = _value(option, value, where)
                 if converted is not None:
                     values[option] = converted
+                    origins[option] = where
             elif (section, name) in IGNORED or section == "winkernel":
-                if not _zero(value) and value not in IGNORED.get((section, name), ()):
+                if meaningless(value, IGNORED.get((section, name), ())):
                     ignored.append(where)
             else:
-                raise ConfigError(f"{where}: unknown field (kube-proxy would refuse it too)")
-    return Loaded(values, tuple(ignored))
+                raise ConfigError(f"field {where}: unknown field (kube-proxy would refuse it too)")
+    return Loaded(values, tuple(ignored), origins)
+
+
+def field_of(option: str) -> str:
+    """The field that sets `option` ("detectLocal.interfaceNamePrefix")."""
+    section, name = next(key for key, value in MEANINGFUL.items() if value == option)
+    return f"{section}.{name}" if section else name
+
+
+def meaningless(value: object, defaults: tuple[object, ...]) -> bool:
+    """Whether a field (or flag) with no meaning here is worth a warning: set to anything
+    but its zero value or kube-proxy's default."""
+    return not _zero(value) and value not in defaults
 
 
 def _fields(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -156,11 +196,11 @@ def _fields(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
         if value is None:
             continue
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{section}: expected an object, got {type(value).__name__}")
+            raise ConfigError(f"field {section}: expected an object, got {type(value).__name__}")
         out.append((section, value))
     for name in top:
         if ("", name) not in MEANINGFUL and ("", name) not in IGNORED:
-            raise ConfigError(f"{name}: unknown field (kube-proxy would refuse it too)")
+            raise ConfigError(f"field {name}: unknown field (kube-proxy would refuse it too)")
     return out
 
 
@@ -189,14 +229,14 @@ def _value(option: str, value: object, where: str) -> object | None:
         return _string(value, where, duration=option in _DURATIONS)
     if option in _LISTS:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of strings")
+            raise ConfigError(f"field {where}: expected a list of strings")
         return ",".join(value) or None
     if option in _BOOLS:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            raise ConfigError(f"field {where}: expected true or false, got {value!r}")
         return value or None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{where}: expected a non-negative integer, got {value!r}")
+        raise ConfigError(f"field {where}: expected a non-negative integer, got {value!r}")
     return value if value or option in _ZERO_SET else None
 
 
@@ -204,7 +244,7 @@ def _string(value: object, where: str, *, duration: bool) -> str | None:
     """A string option (host:port, CIDR, name, Go duration: the CLI checks it as it
     checks its flag); "" and a zero duration are unset."""
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a string, got {type(value).__name__}")
+        raise ConfigError(f"field {where}: expected a string, got {type(value).__name__}")
     if duration and value in ("0s", "0"):
         return None
     return value or None

@@ -50,12 +50,13 @@ log = logging.getLogger(__name__)
 PAGE = 500  # items per list page, as client-go's reflector
 
 
-def connect(*, kubeconfig: Path | None, context: str | None) -> Any:
-    """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig.
+def connect(*, kubeconfig: Path | None, context: str | None, master: str | None = None) -> Any:
+    """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig;
+    `master` overrides the server.
 
     The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    return client(kubeconfig=kubeconfig, context=context)
+    return client(kubeconfig=kubeconfig, context=context, master=master)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,9 +71,11 @@ class Client:
         self.close()
 
 
-def client(*, kubeconfig: Path | None, context: str | None) -> Client:
+def client(*, kubeconfig: Path | None, context: str | None, master: str | None = None) -> Client:
     """A `Client`: `kubeconfig` if given, else in-cluster, else the default kubeconfig
-    (`$KUBECONFIG`, else ~/.kube/config).
+    (`$KUBECONFIG`, else ~/.kube/config). `master` (kube-proxy's --master) overrides the
+    server's address; without a kubeconfig it is the whole configuration, as kube-proxy's
+    `createClient` makes it (no in-cluster credentials).
 
     The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
     with backoff itself, and a hidden retry would only delay seeing a failure.
@@ -83,12 +85,15 @@ def client(*, kubeconfig: Path | None, context: str | None) -> Client:
         if not kubeconfig.is_file():
             raise ConfigError(f"--kubeconfig {kubeconfig}: no such file")
         _load_kubeconfig(str(kubeconfig), context, configuration)
-    else:
+    elif not master:
         try:
             load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (ConfigException, OSError) as in_cluster:
             # not in a Pod (no KUBERNETES_SERVICE_HOST), or no service-account token mounted
             _load_kubeconfig(None, context, configuration, also=f"in-cluster: {in_cluster}")
+    if master:
+        # client-go's DefaultServerURL: a bare host:port means https
+        configuration.host = (master if "://" in master else f"https://{master}").rstrip("/")
     configuration.retries = 0
     return Client(configuration)
 

@@ -37,6 +37,13 @@ def configure(level: str, fmt: str, *, stream: TextIO | None = None) -> None:
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(fmt))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    set_level(level)
+
+
+def set_level(level: str) -> None:
+    """Log records at `level` and above (the libraries in NOISY: warning and above, whatever
+    the level)."""
+    logging.getLogger().setLevel(level.upper())
     for name in NOISY:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 

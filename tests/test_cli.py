@@ -130,7 +130,8 @@ def test_malformed_object_in_manifests_is_a_warning_not_an_error(tmp_path):
     ("args", "message"),
     [
         (["--sync-period", "soon"], "--sync-period: 'soon' is not a duration"),
-        (["--min-sync-period", "1m", "--sync-period", "30s"], "at least --min-sync-period"),
+        (["--min-sync-period", "1m", "--sync-period", "30s"], "--min-sync-period: '1m' is longer"),
+        (["--sync-period", "0s"], "--sync-period: must be positive"),
         (["--metrics-bind-address", "localhost"], "is not ADDRESS:PORT"),
         (["--healthz-bind-address", "1.2.3.4:70000"], "is not ADDRESS:PORT"),
         (["--kubeconfig", "/nonexistent", "--manifests", "x"], "exclude each other"),
@@ -236,13 +237,15 @@ def test_run_once_exit_codes(monkeypatch):
 def test_interface_names_are_checked_as_the_kernel_does_exit_2(args, message):
     """Every interface name ipvsproxy writes into iptables-restore input (or gives the
     kernel) is checked first: a clear one-line error and exit 2, never a traceback, for
-    `diff`, `run` and `cleanup` alike."""
+    `diff`, `run` and `cleanup` (which takes only the dummy device's) alike."""
     mode = ["--detect-local-mode", "InterfaceNamePrefix"] if "prefix" in args[0] else []
-    for command in (
+    commands = [
         ["diff", "--manifests", str(EXAMPLE), "--kernel-state", str(STATE)],
         ["run", "--once", "--manifests", str(EXAMPLE)],
-        ["cleanup", "--dry-run"],
-    ):
+    ]
+    if args[0] == "--dummy-device":
+        commands.append(["cleanup", "--dry-run"])
+    for command in commands:
         result = run(*command, *mode, *args)
         assert result.exit_code == 2, (command, result.output)
         assert args[0] in result.stderr
@@ -345,3 +348,35 @@ def test_prepare_takes_the_conntrack_flags_too(monkeypatch):
     assert seen["c"].conntrack_min == 262144
     assert seen["c"].conntrack_tcp_be_liberal
     assert seen["c"].conntrack_tcp_timeout_established == 86400
+
+
+@pytest.mark.parametrize("content", [None, "not: [a kubeconfig", "apiVersion: v1\nkind: Config\n"])
+def test_run_changes_nothing_on_the_node_before_the_credentials_load(
+    monkeypatch, tmp_path, content
+):
+    """A missing or malformed kubeconfig fails (exit 2, one line) before the backend's probe
+    or any kernel setting (ip_forward, conntrack) is written."""
+    from ipvsproxy import agent, backends
+
+    touched: list[str] = []
+
+    def record(name: str) -> Any:
+        def touch(*args: Any, **kwargs: Any) -> Any:
+            touched.append(name)
+            raise AssertionError(f"{name} called before the credentials were loaded")
+
+        return touch
+
+    monkeypatch.setattr(agent, "open_backend", record("open_backend"))
+    monkeypatch.setattr(agent, "prepare", record("prepare"))
+    monkeypatch.setattr(backends, "prepare_node", record("prepare_node"))
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    result = run("run", "--kubeconfig", str(kubeconfig), "--healthz-bind-address", "127.0.0.1:0",
+                 "--metrics-bind-address", "127.0.0.1:0")  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert touched == []
+    assert str(kubeconfig) in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1

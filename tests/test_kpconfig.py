@@ -142,18 +142,35 @@ def test_v_4_logs_at_debug_level(monkeypatch):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"mode": "iptables"}, "mode: 'iptables': ipvsproxy is an IPVS proxy"),
+        ({"mode": "iptables"}, "field mode: 'iptables': ipvsproxy is an IPVS proxy"),
         ({"kind": "KubeletConfiguration"}, "expected kubeproxy.config.k8s.io/v1alpha1"),
-        ({"ipvs": {"schedular": "rr"}}, "ipvs.schedular: unknown field"),
-        ({"nodePortAdresses": []}, "nodePortAdresses: unknown field"),
-        ({"ipvs": {"strictARP": "yes"}}, "ipvs.strictARP: expected true or false"),
-        ({"conntrack": {"min": -1}}, "conntrack.min: expected a non-negative integer"),
-        ({"ipvs": {"scheduler": "fastest"}}, "'fastest' is not an IPVS scheduler"),
-        ({"ipvs": {"syncPeriod": "soon"}}, "'soon' is not a duration"),
-        ({"ipvs": []}, "ipvs: expected an object"),
+        ({"ipvs": {"schedular": "rr"}}, "field ipvs.schedular: unknown field"),
+        ({"nodePortAdresses": []}, "field nodePortAdresses: unknown field"),
+        ({"ipvs": {"strictARP": "yes"}}, "field ipvs.strictARP: expected true or false"),
+        ({"conntrack": {"min": -1}}, "field conntrack.min: expected a non-negative integer"),
+        ({"ipvs": {"scheduler": 5}}, "field ipvs.scheduler: expected a string, got int"),
+        ({"ipvs": {"scheduler": "fastest"}}, "field ipvs.scheduler: 'fastest' is not an IPVS"),
+        ({"ipvs": {"syncPeriod": "soon"}}, "field ipvs.syncPeriod: 'soon' is not a duration"),
+        ({"ipvs": {"minSyncPeriod": "2m"}}, "field ipvs.minSyncPeriod: '2m' is longer than"),
+        ({"ipvs": {"tcpTimeout": "1x"}}, "field ipvs.tcpTimeout: '1x' is not a duration"),
+        ({"ipvs": {"excludeCIDRs": ["10.0.0.0/33"]}}, "field ipvs.excludeCIDRs: '10.0.0.0/33'"),
+        ({"ipvs": []}, "field ipvs: expected an object"),
+        ({"iptables": {"masqueradeBit": 40}}, "field iptables.masqueradeBit: 40 is not in"),
+        ({"detectLocalMode": "Pods"}, "field detectLocalMode: 'Pods' is not one of"),
+        ({"detectLocalMode": "BridgeInterface"},
+         "field detectLocalMode: BridgeInterface needs detectLocal.bridgeInterface"),
+        ({"detectLocal": {"interfaceNamePrefix": "veth+"}},
+         "field detectLocal.interfaceNamePrefix: give the prefix without the '+'"),
+        ({"clusterCIDR": "10.244.0.0/99"}, "field clusterCIDR: '10.244.0.0/99' is not a CIDR"),
+        ({"metricsBindAddress": "localhost"}, "field metricsBindAddress: 'localhost' is not"),
+        ({"conntrack": {"udpTimeout": "forever"}}, "field conntrack.udpTimeout: 'forever'"),
+        ({"logging": {"format": "xml"}}, "field logging.format: 'xml' is not one of"),
+        ({"nodePortAddresses": ["300.0.0.0/8"]}, "field nodePortAddresses: '300.0.0.0/8'"),
     ],
-)
-def test_a_bad_file_is_one_clear_error(tmp_path, change, message):
+)  # fmt: skip
+def test_a_bad_file_is_one_clear_error_naming_the_file_and_the_field(tmp_path, change, message):
+    """Exit 2, one line naming the file and the field (not the flag that means the same),
+    no traceback: for wrong types, unknown fields and values the flag would refuse."""
     doc = yaml.safe_load(WRITTEN.read_text())
     for key, value in change.items():
         if isinstance(value, dict) and isinstance(doc.get(key), dict):
@@ -164,7 +181,10 @@ def test_a_bad_file_is_one_clear_error(tmp_path, change, message):
     path.write_text(yaml.safe_dump(doc))
     result = CliRunner().invoke(main, ["run", "--config", str(path)])
     assert result.exit_code == 2, result.output
+    if "kind" not in change:
+        assert f"--config {path}: {message}" in result.stderr
     assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.output
 
 

@@ -282,3 +282,26 @@ def test_no_credentials_anywhere_says_where_it_looked(
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "none"))
     with pytest.raises(ConfigError, match="in-cluster: Service token file does not exist"):
         client(kubeconfig=None, context=None)
+
+
+def test_master_overrides_the_kubeconfigs_server(server: ApiServer, tmp_path: Path) -> None:
+    """kube-proxy's --master: the kubeconfig's credentials, sent to this address instead."""
+    doc = kubeconfig(server, tmp_path)
+    url = doc["clusters"][0]["cluster"]["server"]
+    doc["clusters"][0]["cluster"]["server"] = "https://192.0.2.1:6443"  # TEST-NET: unreachable
+    path = write(tmp_path / "kc", doc)
+    with client(kubeconfig=path, context=None, master=url) as api:
+        response = api.get("/api/v1/services", [("limit", 5)])
+        response.read()
+        assert response.status == 200
+    assert server.requests[-1][1] == "ok"  # the kubeconfig's token went along
+
+
+def test_master_alone_is_the_whole_configuration(not_in_cluster: None) -> None:
+    """As kube-proxy's createClient: no kubeconfig, no in-cluster credentials, the address
+    only (https unless it says otherwise)."""
+    with client(kubeconfig=None, context=None, master="10.0.0.1:6443") as api:
+        assert api.configuration.host == "https://10.0.0.1:6443"
+        assert not api.configuration.api_key
+    with client(kubeconfig=None, context=None, master="http://127.0.0.1:8080/") as api:
+        assert api.configuration.host == "http://127.0.0.1:8080"
