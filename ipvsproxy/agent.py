@@ -357,7 +357,9 @@ def _start_sources(
 
     from ipvsproxy import kube
 
-    client = kube.connect(kubeconfig=source.kubeconfig, context=source.context)
+    client = kube.connect(
+        kubeconfig=source.kubeconfig, context=source.context, observe=metrics.api_request
+    )
     cleanups.append(client.close)
     return [
         guarded(

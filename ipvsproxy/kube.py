@@ -42,7 +42,7 @@ import urllib3
 from ipvsproxy.api import Read, read
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import WatchError
-from ipvsproxy.kubeclient import ApiException, client, iter_resp_lines
+from ipvsproxy.kubeclient import ApiException, Observe, client, iter_resp_lines
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,15 @@ log = logging.getLogger(__name__)
 PAGE = 500  # items per list page, as client-go's reflector
 
 
-def connect(*, kubeconfig: Path | None, context: str | None) -> Any:
-    """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig.
+def connect(*, kubeconfig: Path | None, context: str | None, observe: Observe | None = None) -> Any:
+    """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig;
+    `observe` is told of every request (the rest_client_* metrics).
 
     The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    return client(kubeconfig=kubeconfig, context=context)
+    if observe is None:
+        return client(kubeconfig=kubeconfig, context=context)
+    return client(kubeconfig=kubeconfig, context=context, observe=observe)
 
 
 @dataclass(frozen=True, slots=True)
