@@ -321,9 +321,9 @@ def test_a_pass_that_did_not_complete_is_still_timed():
     assert sample(metrics, "ipvsproxy_syncs_total", result="error") == 2
 
 
-# ---- deploy/grafana-dashboard.json ---------------------------------------------------------
+# ---- deploy/monitoring/dashboards/ipvsproxy.json ------------------------------------------
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy/monitoring/dashboards/ipvsproxy.json"
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
                 "or", "unless", "offset", "inf", "nan"}  # fmt: skip
 
