@@ -41,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 BASE_OBJECTS = DEPLOY / "base" / "objects"
 KUSTOMIZATIONS = {
+    "deploy": DEPLOY,  # the base again, for `kubectl apply -k deploy/`
     "base": DEPLOY / "base",
     "standalone": DEPLOY / "overlays" / "standalone",
     "kubeadm": DEPLOY / "overlays" / "kubeadm",
     "monitoring": DEPLOY / "monitoring",
 }
-AGENTS = ("base", "standalone", "kubeadm")  # the kustomizations with a DaemonSet
+AGENTS = ("deploy", "base", "standalone", "kubeadm")  # the kustomizations with a DaemonSet
 KUBERNETES = "1.36.0"  # the schemas kubernetes-validate ships closest to the tested API
 CRD_KINDS = {"PodMonitor", "PrometheusRule"}  # the Prometheus Operator's: no core schema
 IMAGE = "localhost/ipvsproxy:0.1.0"
@@ -259,6 +260,7 @@ def test_daemonset_runs_with_host_network_and_few_capabilities(name):
 
 
 def test_the_base_runs_on_every_node_and_the_overlays_on_labelled_nodes():
+    assert rendered("deploy") == rendered("base")
     assert pod_spec("base")["nodeSelector"] == {"kubernetes.io/os": "linux"}
     for overlay in ("standalone", "kubeadm"):
         assert pod_spec(overlay)["nodeSelector"] == {"kubernetes.io/os": "linux", **NODE_LABEL}
