@@ -42,7 +42,7 @@ import urllib3
 from ipvsproxy.api import Read, read
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import WatchError
-from ipvsproxy.kubeclient import ApiException, Observe, client, iter_resp_lines
+from ipvsproxy.kubeclient import ApiException, Observe, client, iter_resp_lines, unobserved
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 
 log = logging.getLogger(__name__)
@@ -50,14 +50,12 @@ log = logging.getLogger(__name__)
 PAGE = 500  # items per list page, as client-go's reflector
 
 
-def connect(*, kubeconfig: Path | None, context: str | None, observe: Observe | None = None) -> Any:
+def connect(*, kubeconfig: Path | None, context: str | None, observe: Observe = unobserved) -> Any:
     """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig;
     `observe` is told of every request (the rest_client_* metrics).
 
     The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    if observe is None:
-        return client(kubeconfig=kubeconfig, context=context)
     return client(kubeconfig=kubeconfig, context=context, observe=observe)
 
 

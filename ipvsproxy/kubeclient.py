@@ -41,19 +41,19 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from ipvsproxy.errors import ConfigError
 
-__all__ = ["ApiException", "Client", "Observe", "client", "iter_resp_lines"]
+__all__ = ["ApiException", "Client", "Observe", "client", "iter_resp_lines", "unobserved"]
 
 Observe = Callable[[str, str, str, float | None], None]
 
 
-def _unobserved(method: str, host: str, code: str, seconds: float | None) -> None:
-    pass
+def unobserved(method: str, host: str, code: str, seconds: float | None) -> None:
+    """The default `observe`: requests are not reported."""
 
 
 class Client:
     """GETs from the API server, as the generated API classes send them."""
 
-    def __init__(self, configuration: Any, *, observe: Observe = _unobserved) -> None:
+    def __init__(self, configuration: Any, *, observe: Observe = unobserved) -> None:
         self.configuration = configuration
         self._rest = RESTClientObject(configuration)
         self._user_agent = f"ipvsproxy (kubernetes-client-python {LIBRARY_VERSION})"
@@ -99,7 +99,7 @@ def _since(started: float) -> float:
 
 
 def client(
-    *, kubeconfig: Path | None, context: str | None, observe: Observe = _unobserved
+    *, kubeconfig: Path | None, context: str | None, observe: Observe = unobserved
 ) -> Client:
     """A `Client`: `kubeconfig` if given, else in-cluster, else the default kubeconfig
     (`$KUBECONFIG`, else ~/.kube/config).

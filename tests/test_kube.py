@@ -14,6 +14,7 @@ from ipvsproxy import kube
 from ipvsproxy.api import ServiceView
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ConfigError, WatchError
+from ipvsproxy.kubeclient import unobserved
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
@@ -50,7 +51,7 @@ class Run:
     """A watcher in a thread; `error` holds what ended it."""
 
     def __init__(
-        self, server: ApiServer, tmp_path, kind: str = SERVICE, token=None, observe=None
+        self, server: ApiServer, tmp_path, kind: str = SERVICE, token=None, observe=unobserved
     ) -> None:
         self.tracker = Tracker(required=(kind,))
         self.restarts: list[tuple[str, str]] = []
