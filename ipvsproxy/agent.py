@@ -376,7 +376,10 @@ def _open_source(
     from ipvsproxy import kube
 
     client = kube.connect(
-        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+        kubeconfig=source.kubeconfig,
+        context=source.context,
+        master=source.master,
+        observe=metrics.api_request,
     )
     watchers = [
         kube.Watcher(

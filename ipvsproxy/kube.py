@@ -42,7 +42,7 @@ import urllib3
 from ipvsproxy.api import Read, read
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import WatchError
-from ipvsproxy.kubeclient import ApiException, client, iter_resp_lines
+from ipvsproxy.kubeclient import ApiException, Observe, client, iter_resp_lines, unobserved
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,20 @@ log = logging.getLogger(__name__)
 PAGE = 500  # items per list page, as client-go's reflector
 
 
-def connect(*, kubeconfig: Path | None, context: str | None, master: str | None = None) -> Any:
+def connect(
+    *,
+    kubeconfig: Path | None,
+    context: str | None,
+    master: str | None = None,
+    observe: Observe = unobserved,
+) -> Any:
     """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig;
-    `master` overrides the server.
+    `master` overrides the server; `observe` is told of every request (the rest_client_*
+    metrics).
 
     The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    return client(kubeconfig=kubeconfig, context=context, master=master)
+    return client(kubeconfig=kubeconfig, context=context, master=master, observe=observe)
 
 
 @dataclass(frozen=True, slots=True)

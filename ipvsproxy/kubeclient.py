@@ -14,15 +14,22 @@ every request: that runs the loaders' refresh hook, which re-reads a rotated in-
 service-account token and renews an exec plugin's expired one. The generated API classes are
 not used: they build model objects for every response, and `ipvsproxy.kube` reads raw JSON.
 
+Every request is reported to `observe(method, host, code, seconds)` (the agent's
+rest_client_* metrics, as client-go reports its own): `code` is the HTTP status or `<error>`
+when none came, `host` the server's host:port, `seconds` the time to the response headers
+(the body is streamed afterwards), None for a watch, which client-go does not time.
+
 Must not import: anything of ipvsproxy but `errors`.
 Imports: kubernetes (client, config, watch), yaml, errors.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import yaml
 from kubernetes import __version__ as LIBRARY_VERSION
@@ -34,16 +41,24 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from ipvsproxy.errors import ConfigError
 
-__all__ = ["ApiException", "Client", "client", "iter_resp_lines"]
+__all__ = ["ApiException", "Client", "Observe", "client", "iter_resp_lines", "unobserved"]
+
+Observe = Callable[[str, str, str, float | None], None]
+
+
+def unobserved(method: str, host: str, code: str, seconds: float | None) -> None:
+    """The default `observe`: requests are not reported."""
 
 
 class Client:
     """GETs from the API server, as the generated API classes send them."""
 
-    def __init__(self, configuration: Any) -> None:
+    def __init__(self, configuration: Any, *, observe: Observe = unobserved) -> None:
         self.configuration = configuration
         self._rest = RESTClientObject(configuration)
         self._user_agent = f"ipvsproxy (kubernetes-client-python {LIBRARY_VERSION})"
+        self._observe = observe
+        self._host = urlsplit(configuration.host).netloc  # client-go's label: URL.Host
 
     def get(self, path: str, query: list[tuple[str, Any]], *, timeout: Any = None) -> Any:
         """The `RESTResponse` (status, undecoded body) of GET `path?query`."""
@@ -57,9 +72,17 @@ class Client:
                 # strip: the library keeps a token file's trailing newline, which no header
                 # may carry (kubectl and client-go trim it too)
                 headers[auth["key"]] = auth["value"].strip()
-        return self._rest.request(  # type: ignore[no-untyped-call]
-            "GET", url, headers=headers, _request_timeout=timeout
-        )
+        watch = ("watch", "true") in pairs
+        started = time.monotonic()
+        try:
+            response = self._rest.request(  # type: ignore[no-untyped-call]
+                "GET", url, headers=headers, _request_timeout=timeout
+            )
+        except Exception:
+            self._observe("GET", self._host, "<error>", None if watch else _since(started))
+            raise
+        self._observe("GET", self._host, str(response.status), None if watch else _since(started))
+        return response
 
     def close(self) -> None:
         self._rest.pool_manager.clear()
@@ -71,7 +94,17 @@ class Client:
         self.close()
 
 
-def client(*, kubeconfig: Path | None, context: str | None, master: str | None = None) -> Client:
+def _since(started: float) -> float:
+    return time.monotonic() - started
+
+
+def client(
+    *,
+    kubeconfig: Path | None,
+    context: str | None,
+    master: str | None = None,
+    observe: Observe = unobserved,
+) -> Client:
     """A `Client`: `kubeconfig` if given, else in-cluster, else the default kubeconfig
     (`$KUBECONFIG`, else ~/.kube/config). `master` (kube-proxy's --master) overrides the
     server's address; without a kubeconfig it is the whole configuration, as kube-proxy's
@@ -95,7 +128,7 @@ def client(*, kubeconfig: Path | None, context: str | None, master: str | None =
         # client-go's DefaultServerURL: a bare host:port means https
         configuration.host = (master if "://" in master else f"https://{master}").rstrip("/")
     configuration.retries = 0
-    return Client(configuration)
+    return Client(configuration, observe=observe)
 
 
 # what the library raises on a document of the wrong shape (a list, a string, a bad base64 field)

@@ -11,6 +11,13 @@ modes (ipvsproxy has both kinds of pass). Not exported: conntrack_reconciler_* (
 deletes stale UDP flows within the pass, it has no reconciler) and the iptables mode's
 rule counts and nfacct counters.
 
+client-go's REST client metrics, as every Kubernetes component exports them
+(k8s.io/component-base/metrics/prometheus/restclient, fed by client-go's rest/request.go):
+`rest_client_requests_total{code, method, host}` for every request (code `<error>` when no
+response came) and `rest_client_request_duration_seconds{verb, host}` for every request but
+watches (client-go times `Request.request`, which a watch does not go through). The other
+rest_client_* series (sizes, rate limiter, exec plugin) are not exported.
+
 Imports: prometheus_client, kernel, model.
 """
 
@@ -39,6 +46,8 @@ from ipvsproxy.kernel import ApplyReport, Plan
 # merged from linear runs after a first bucket at 0 (pkg/proxy/metrics/metrics.go)
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 LATENCY_BUCKETS = (0.0, 0.25, 0.5, *range(1, 60), *range(60, 120, 5), *range(120, 301, 30))
+# component-base/metrics/prometheus/restclient/metrics.go, requestLatency
+REST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 FAMILIES = {4: "IPv4", 6: "IPv6"}
 
 
@@ -173,6 +182,20 @@ class Metrics:
             registry=r,
         )
 
+        self.rest_requests = Counter(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            ["code", "method", "host"],
+            registry=r,
+        )
+        self.rest_duration = Histogram(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.",
+            ["verb", "host"],
+            buckets=REST_BUCKETS,
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -207,6 +230,13 @@ class Metrics:
     def livez_answered(self, code: int) -> None:
         """kube-proxy's kubeproxy_proxy_livez_total{code}: one /livez answer."""
         self.livez.labels(str(code)).inc()
+
+    def api_request(self, method: str, host: str, code: str, seconds: float | None) -> None:
+        """One request to the API server (`code`: the HTTP status, or `<error>`);
+        `seconds` is None for a watch, which client-go does not time."""
+        self.rest_requests.labels(code, method, host).inc()
+        if seconds is not None:
+            self.rest_duration.labels(method, host).observe(seconds)
 
     def bind_failed(self) -> None:
         self.bind_errors.inc()

@@ -1,21 +1,34 @@
 """The deployment manifests, the container build file and the Vagrant cluster's files.
 
-The manifests are checked against the `kubernetes` client's typed models (an unknown or
-misspelt field does not survive the round trip), the RBAC rules against least privilege, and
-the DaemonSet's flags against ipvsproxy's own command line. Vagrant, Ruby and ShellCheck come
-from Debian's packages (scripts/bootstrap installs them as root); without them these tests
-skip, except under CI=true.
+deploy/ is a kustomize base (deploy/base: its objects in objects/, which `kubectl apply -f`
+takes as they are), two overlays (deploy/overlays/standalone, deploy/overlays/kubeadm), a
+node-by-node component and deploy/monitoring. Each is rendered with `kubectl kustomize` and
+every rendered object is validated offline against the Kubernetes v1.36 schemas
+(`kubernetes-validate`, strict: an unknown or misspelt field fails); `kubectl apply -f`/`-k`
+run with `--dry-run=client` against a discovery-only stub server (kubectl maps kinds through
+the server's discovery even for a client-side dry run). The DaemonSets' arguments are parsed
+by ipvsproxy's own command line, and docs/deployment.md's install commands are run as written.
+The base objects are also checked against the `kubernetes` client's typed models and the RBAC
+rules against least privilege. kubectl, Vagrant, Ruby and ShellCheck come from Debian's
+packages or the build host (scripts/bootstrap installs them as root); without them these
+tests skip, except under CI=true.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -26,24 +39,76 @@ from ipvsproxy.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+BASE_OBJECTS = DEPLOY / "base" / "objects"
+KUSTOMIZATIONS = {
+    "deploy": DEPLOY,  # the base again, for `kubectl apply -k deploy/`
+    "base": DEPLOY / "base",
+    "standalone": DEPLOY / "overlays" / "standalone",
+    "kubeadm": DEPLOY / "overlays" / "kubeadm",
+    "monitoring": DEPLOY / "monitoring",
+}
+AGENTS = ("deploy", "base", "standalone", "kubeadm")  # the kustomizations with a DaemonSet
+KUBERNETES = "1.36.0"  # the schemas kubernetes-validate ships closest to the tested API
+CRD_KINDS = {"PodMonitor", "PrometheusRule"}  # the Prometheus Operator's: no core schema
+IMAGE = "localhost/ipvsproxy:0.1.0"
+NODE_LABEL = {"ipvsproxy.io/proxy": "ipvsproxy"}  # the overlays run on labelled nodes only
+KUBEADM_CONFIG = (
+    ROOT / "tests" / "data" / "kube-proxy-config" / "kubeadm-v1.36.2-init-defaults.yaml"
+)
 PROVISIONING = sorted((ROOT / "integration" / "vagrant").glob("*.sh"))
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package; scripts/bootstrap installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but a prerequisite is missing: {message}", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
+def check(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+# ---- the base's objects, as files -----------------------------------------------------------
 
 
 def objects() -> list[dict[str, Any]]:
     found = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted(BASE_OBJECTS.iterdir()):
         found += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     return found
 
 
-def by_kind(kind: str) -> dict[str, Any]:
-    (obj,) = [o for o in objects() if o["kind"] == kind]
+def by_kind(kind: str, found: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    (obj,) = [o for o in (objects() if found is None else found) if o["kind"] == kind]
     return obj
 
 
 def model_name(obj: dict[str, Any]) -> str:
     version: str = obj["apiVersion"].rsplit("/", 1)[-1]
     return version.capitalize() + str(obj["kind"])
+
+
+def test_the_base_objects_directory_holds_only_kubernetes_objects():
+    """So `kubectl apply -f deploy/base/objects/` works: kubectl reads every file of a
+    directory as objects, a kustomization.yaml (or a dashboard's JSON) included."""
+    for path in BASE_OBJECTS.iterdir():
+        assert path.suffix == ".yaml", path
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), path
+
+
+def test_the_base_kustomization_lists_exactly_the_objects_directory():
+    """`kubectl apply -k deploy/base` and `-f deploy/base/objects/` apply the same objects."""
+    kustomization = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    assert set(kustomization) == {"apiVersion", "kind", "resources"}
+    files = {f"objects/{p.name}" for p in BASE_OBJECTS.iterdir()}
+    assert sorted(kustomization["resources"]) == sorted(files)
 
 
 def test_there_is_a_manifest_for_every_object_a_deployment_needs():
@@ -94,19 +159,91 @@ def test_rbac_grants_exactly_get_list_watch_on_services_endpointslices_nodes():
     ]
 
 
-def pod_spec() -> dict[str, Any]:
-    spec: dict[str, Any] = by_kind("DaemonSet")["spec"]["template"]["spec"]
+def test_the_configmap_has_no_api_server_address_to_forget():
+    """No lab default: the agent refuses to start until the operator sets it."""
+    assert by_kind("ConfigMap")["data"]["apiserver-host"] == ""
+
+
+# ---- rendered with kustomize, validated against the schemas ---------------------------------
+
+
+@functools.cache
+def _render(name: str) -> tuple[dict[str, Any], ...]:
+    text = check(tool("kubectl"), "kustomize", str(KUSTOMIZATIONS[name]))
+    return tuple(doc for doc in yaml.safe_load_all(text) if doc)
+
+
+def rendered(name: str) -> list[dict[str, Any]]:
+    copy: list[dict[str, Any]] = json.loads(json.dumps(_render(name)))  # each test's own
+    return copy
+
+
+def pod_spec(name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = by_kind("DaemonSet", rendered(name))["spec"]["template"]["spec"]
     return spec
 
 
-def test_daemonset_runs_on_every_node_with_host_network_and_few_capabilities():
-    spec = pod_spec()
+def validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(name):
+    found = rendered(name)
+    assert found
+    for obj in found:
+        if obj["kind"] in CRD_KINDS:
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                validate(obj)  # not core: checked by the metric tests and by its shape below
+            continue
+        validate(obj)
+
+
+def test_the_schema_validation_is_strict_enough_to_catch_a_misspelt_field():
+    daemonset = by_kind("DaemonSet", rendered("base"))
+    daemonset["spec"]["template"]["spec"]["hostNetwrok"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="hostNetwrok"):
+        validate(daemonset)
+    daemonset = by_kind("DaemonSet", rendered("base"))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["timeoutSeconds"] = "5"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(daemonset)
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_the_daemonset_runs_the_local_image_with_probe_timeouts_and_room_for_50k_services(name):
+    spec = pod_spec(name)
+    for container in spec["initContainers"] + spec["containers"]:
+        assert container["image"] == IMAGE
+        assert container["imagePullPolicy"] == "IfNotPresent"
+    (agent_container,) = spec["containers"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert agent_container[probe]["timeoutSeconds"] >= 2, probe  # the kubelet's default: 1
+    # 392 MiB RSS measured at 50,000 Services x 5 endpoints (docs/performance.md)
+    limit = agent_container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    assert int(limit[:-2]) * 1024 >= 2 * 392
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_no_lab_or_private_addresses(name):
+    text = json.dumps(rendered(name))
+    allowed = {"127.0.0.1", "0.0.0.0", "10.96.0.0/12"}  # loopback, any, Kubernetes' default
+    found = set(re.findall(r"\b\d{1,3}(?:\.\d{1,3}){3}(?:/\d+)?", text))
+    assert found <= allowed, found - allowed
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_daemonset_runs_with_host_network_and_few_capabilities(name):
+    found = rendered(name)
+    spec = pod_spec(name)
     assert spec["hostNetwork"] is True
     assert {"operator": "Exists"} in spec["tolerations"]
-    assert spec["serviceAccountName"] == by_kind("ServiceAccount")["metadata"]["name"]
+    assert spec["serviceAccountName"] == by_kind("ServiceAccount", found)["metadata"]["name"]
     (agent_container,) = spec["containers"]
     security = agent_container["securityContext"]
     assert security["privileged"] is False
+    assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
     assert agent_container["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert agent_container["readinessProbe"]["httpGet"]["path"] == "/healthz"
@@ -114,24 +251,96 @@ def test_daemonset_runs_on_every_node_with_host_network_and_few_capabilities():
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     (init,) = spec["initContainers"]
     assert init["args"][0] == "prepare"
+    assert init["securityContext"] == {"privileged": True}
     mounts = {m["mountPath"]: m for m in init["volumeMounts"]}
     assert mounts["/lib/modules"]["readOnly"] is True
+    binding = by_kind("ClusterRoleBinding", found)
+    account = by_kind("ServiceAccount", found)["metadata"]
+    assert binding["subjects"][0]["namespace"] == account["namespace"]
 
 
-def expand(args: list[str], env: list[dict[str, Any]]) -> list[str]:
+def test_the_base_runs_on_every_node_and_the_overlays_on_labelled_nodes():
+    assert rendered("deploy") == rendered("base")
+    assert pod_spec("base")["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    for overlay in ("standalone", "kubeadm"):
+        assert pod_spec(overlay)["nodeSelector"] == {"kubernetes.io/os": "linux", **NODE_LABEL}
+
+
+def test_standalone_has_its_own_namespace_and_configmap():
+    found = rendered("standalone")
+    assert by_kind("Namespace", found)["metadata"]["name"] == "ipvsproxy"
+    assert by_kind("ConfigMap", found)["metadata"]["namespace"] == "ipvsproxy"
+    assert {o["metadata"].get("namespace", "ipvsproxy") for o in found} == {"ipvsproxy"}
+
+
+def test_kubeadm_reads_kubeadms_kube_proxy_configmap_and_configures_nothing_twice():
+    found = rendered("kubeadm")
+    assert "Namespace" not in {o["kind"] for o in found}
+    assert "ConfigMap" not in {o["kind"] for o in found}  # kubeadm's kube-proxy is the one
+    assert {o["metadata"]["namespace"] for o in found if o["kind"] not in ("ClusterRole",
+            "ClusterRoleBinding")} == {"kube-system"}  # fmt: skip
+    spec = pod_spec("kubeadm")
+    (container,) = spec["containers"]
+    assert container["args"] == ["run", "--config=/var/lib/kube-proxy/config.conf"]
+    assert [e["name"] for e in container["env"]] == ["NODE_NAME"]  # no flag from elsewhere
+    assert spec["initContainers"][0]["args"] == ["prepare"]
+    assert "env" not in spec["initContainers"][0]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kube-proxy"] == {
+        "name": "kube-proxy", "mountPath": "/var/lib/kube-proxy", "readOnly": True
+    }  # fmt: skip
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["kube-proxy"]["configMap"] == {"name": "kube-proxy"}
+    # kubeadm's config.conf names the kubeconfig this mount holds (kubeadm's manifests.go)
+    config = yaml.safe_load(KUBEADM_CONFIG.read_text())
+    assert config["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
+
+
+def test_the_monitoring_kustomization_ships_the_dashboard_for_grafanas_sidecar():
+    found = rendered("monitoring")
+    assert sorted(o["kind"] for o in found) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    dashboard = by_kind("ConfigMap", found)
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["name"] == "ipvsproxy-dashboard"  # no hash: no stale copies
+    (text,) = dashboard["data"].values()
+    assert json.loads(text) == json.loads(
+        (DEPLOY / "monitoring/dashboards/ipvsproxy.json").read_text()
+    )
+    monitor = by_kind("PodMonitor", found)["spec"]
+    assert monitor["selector"]["matchLabels"] == {"app.kubernetes.io/name": "ipvsproxy"}
+    assert set(monitor["namespaceSelector"]["matchNames"]) == {"ipvsproxy", "kube-system"}
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    ports = {p["name"] for p in pod_spec("base")["containers"][0]["ports"]}
+    assert endpoint["port"] in ports
+    # the job kube-prometheus' KubeProxyDown and the mixin's proxy dashboard select
+    assert {"action": "replace", "targetLabel": "job", "replacement": "kube-proxy"} in endpoint[
+        "relabelings"
+    ]
+
+
+# ---- the DaemonSets' arguments, parsed by ipvsproxy's command line -------------------------
+
+
+def expand(args: list[str], env: list[dict[str, Any]], found: list[dict[str, Any]]) -> list[str]:
     """$(VAR) as the kubelet expands it, from the ConfigMap (and a node name)."""
-    data = by_kind("ConfigMap")["data"]
     values = {"NODE_NAME": "node-a"}
     for entry in env:
         ref = entry.get("valueFrom", {}).get("configMapKeyRef")
         if ref:
-            values[entry["name"]] = data[ref["key"]]
+            values[entry["name"]] = by_kind("ConfigMap", found)["data"][ref["key"]]
     return [re.sub(r"\$\((\w+)\)", lambda m: values[m[1]], arg) for arg in args]
 
 
-def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(monkeypatch):
-    (container,) = pod_spec()["containers"]
-    args = expand(container["args"], container["env"])
+@pytest.mark.parametrize("name", AGENTS)
+def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp_path):
+    """The real click command line parses the DaemonSet's arguments (a renamed or removed
+    flag fails here); the kubeadm overlay's --config is kubeadm's own file, mounted."""
+    found = rendered(name)
+    (container,) = pod_spec(name)["containers"]
+    args = expand(container["args"], container.get("env", []), found)
+    mounted = tmp_path / "config.conf"
+    shutil.copy(KUBEADM_CONFIG, mounted)
+    args = [a.replace("/var/lib/kube-proxy/config.conf", str(mounted)) for a in args]
     seen: dict[str, Any] = {}
     monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
     result = CliRunner().invoke(main, args, env={"NODE_NAME": "node-a"})
@@ -139,41 +348,131 @@ def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(monkeypatch):
     config = seen["c"]
     assert config.node_name == "node-a"
     assert config.healthz_bind_address == ("0.0.0.0", 10256)
-    assert str(config.service_cidrs[0]) == by_kind("ConfigMap")["data"]["service-cidr"]
-    assert seen["s"] == agent.Cluster(None, None)  # in-cluster config
+    if name == "kubeadm":  # kubeadm's kubeconfig.conf: its control-plane endpoint
+        assert seen["s"] == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
+    else:
+        data = by_kind("ConfigMap", found)["data"]
+        assert str(config.service_cidrs[0]) == data["service-cidr"]
+        assert config.metrics_bind_address == ("0.0.0.0", 10249)  # for the PodMonitor
+        assert seen["s"] == agent.Cluster(None, None)  # in-cluster config
 
 
-def test_the_init_containers_flags_are_valid_for_ipvsproxy_prepare(monkeypatch):
-    (init,) = pod_spec()["initContainers"]
-    args = expand(init["args"], init["env"])
+@pytest.mark.parametrize("name", AGENTS)
+def test_the_init_containers_flags_are_valid_for_ipvsproxy_prepare(name, monkeypatch):
+    found = rendered(name)
+    (init,) = pod_spec(name)["initContainers"]
+    args = expand(init["args"], init.get("env", []), found)
     seen: dict[str, Any] = {}
     monkeypatch.setattr(agent, "prepare_host", lambda config: seen.setdefault("c", config) and [])
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert seen["c"].scheduler == by_kind("ConfigMap")["data"]["scheduler"]
+    assert seen["c"].scheduler == "rr"
 
 
-def test_containerfile_installs_the_tools_on_a_slim_python_base():
-    text = (ROOT / "Containerfile").read_text()
-    assert re.search(r"^FROM python:3\.\d+-slim", text, re.M)
-    for tool in ("iproute2", "ipset", "iptables", "ipvsadm", "conntrack"):
-        assert re.search(rf"apt-get install [^\n]*\b{tool}\b", text), tool
-    assert 'ENTRYPOINT ["ipvsproxy"]' in text
+# ---- kubectl apply -f / -k, against a discovery-only server ---------------------------------
+
+RESOURCES = {  # group/version -> (plural, kind, namespaced): what the manifests hold
+    "v1": [
+        ("namespaces", "Namespace", False),
+        ("configmaps", "ConfigMap", True),
+        ("serviceaccounts", "ServiceAccount", True),
+    ],
+    "apps/v1": [("daemonsets", "DaemonSet", True)],
+    "rbac.authorization.k8s.io/v1": [
+        ("clusterroles", "ClusterRole", False),
+        ("clusterrolebindings", "ClusterRoleBinding", False),
+    ],
+    "monitoring.coreos.com/v1": [
+        ("podmonitors", "PodMonitor", True),
+        ("prometheusrules", "PrometheusRule", True),
+    ],
+}
 
 
-def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package; scripts/bootstrap installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but a prerequisite is missing: {message}", pytrace=False)
-        pytest.skip(message)
-    return path
+def _discovery(path: str) -> dict[str, Any] | None:
+    """The legacy discovery documents kube-apiserver serves for RESOURCES."""
+    groups = [gv for gv in RESOURCES if "/" in gv]
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"]}
+    if path == "/apis":
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {
+                    "name": gv.split("/")[0],
+                    "versions": [{"groupVersion": gv, "version": "v1"}],
+                    "preferredVersion": {"groupVersion": gv, "version": "v1"},
+                }
+                for gv in groups
+            ],
+        }
+    gv = path.removeprefix("/api/").removeprefix("/apis/")
+    if gv not in RESOURCES:
+        return None
+    verbs = ["create", "get", "list", "patch"]
+    resources = [
+        {"name": n, "singularName": "", "namespaced": ns, "kind": k, "verbs": verbs}
+        for n, k, ns in RESOURCES[gv]
+    ]
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": gv,
+        "resources": resources,
+    }
 
 
-def check(*args: str) -> None:
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+class _Discovery(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        doc = _discovery(self.path.split("?")[0])
+        code = 200 if doc else 404  # every object: not there yet (apply would create it)
+        body = json.dumps(doc or {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                  "reason": "NotFound", "code": 404}).encode()  # fmt: skip
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig for a server that only answers discovery (and 404 for any object)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discovery)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = tmp_path / "kubeconfig"
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stub",
+        "clusters": [{"name": "stub", "cluster": {"server": url}}],
+        "users": [{"name": "stub", "user": {}}],
+        "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub"}}],
+    }))  # fmt: skip
+    yield path
+    server.shutdown()
+    server.server_close()
+
+
+def dry_run(kubeconfig: Path, *args: str, cwd: Path = ROOT) -> str:
+    """`kubectl apply ARGS` as a client-side dry run (no schema download: validated above)."""
+    kubectl = tool("kubectl")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return check(kubectl, "apply", *args, "--dry-run=client", "--validate=false", cwd=cwd, env=env)
+
+
+def test_kubectl_apply_f_takes_the_base_objects_directory(kubeconfig):
+    out = dry_run(kubeconfig, "-f", "deploy/base/objects/")
+    assert out.count("created (dry run)") == len(objects())
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_kubectl_apply_k_takes_each_kustomization(name, kubeconfig):
+    out = dry_run(kubeconfig, "-k", str(KUSTOMIZATIONS[name].relative_to(ROOT)))
+    assert out.count("created (dry run)") == len(rendered(name))
 
 
 def test_vagrantfile_is_valid_ruby_and_valid_for_vagrant():
@@ -206,3 +505,57 @@ def test_the_projects_own_scripts_pass_shellcheck():
         *(p for p in (ROOT / "scripts").iterdir() if p.read_text().startswith(shells)),
     ]
     check(tool("shellcheck"), "-x", *map(str, scripts))
+
+
+# ---- docs/deployment.md's install commands, run as written ---------------------------------
+
+
+def install_blocks() -> list[str]:
+    """The shell blocks of docs/deployment.md's "Install" section."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    section = text.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+
+
+def test_the_install_section_covers_every_kustomization():
+    commands = "\n".join(install_blocks())
+    assert "kubectl apply -k deploy/overlays/kubeadm" in commands
+    assert "../deploy/overlays/standalone" in commands
+    assert "kubectl apply -f deploy/base/objects/" in commands
+    assert "kubectl apply -k deploy/monitoring" in commands
+
+
+@pytest.mark.parametrize("block", install_blocks(), ids=lambda b: b.splitlines()[0])
+def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
+    """Each block in a copy of the tree, by bash, with `kubectl` a shim: `apply` is the real
+    kubectl's as a client-side dry run against the discovery stub (so a kustomization that
+    does not build, or an object kubectl cannot map, fails), anything else (rollout status)
+    is recorded, not run; the overlays the block writes are rendered and validated too."""
+    real = tool("kubectl")
+    work = tmp_path / "checkout"
+    shutil.copytree(DEPLOY, work / "deploy")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "not-run"
+    shim = bin_dir / "kubectl"
+    shim.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = apply ]; then exec {real} "$@" --dry-run=client --validate=false; fi\n'
+        f'echo "$*" >> {log}\n'
+    )
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(kubeconfig)}
+    out = check("bash", "-euo", "pipefail", "-c", block, cwd=work, env=env)
+    assert "created (dry run)" in out
+    not_run = log.read_text().splitlines() if log.exists() else []
+    assert all(line.startswith("-n ") and " rollout status " in line for line in not_run)
+    for written in work.glob("my-*"):  # the operator's own overlays
+        found = [doc for doc in yaml.safe_load_all(check(real, "kustomize", str(written))) if doc]
+        for obj in found:
+            validate(obj)
+            for container in (
+                obj.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+            ):
+                assert container["image"] == "registry.example.com/ipvsproxy:0.1.0"
+        if "standalone" in (written / "kustomization.yaml").read_text():
+            assert by_kind("ConfigMap", found)["data"]["apiserver-host"] == "192.0.2.10"

@@ -8,14 +8,17 @@ from ipaddress import ip_address
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ipvsproxy import kube
 from ipvsproxy.api import ServiceView
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ConfigError, WatchError
+from ipvsproxy.kubeclient import unobserved
+from ipvsproxy.metrics import Metrics
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
-from tests.support import eventually
+from tests.support import eventually, sample
 
 FAST = kube.Settings(watch_timeout=2, inactivity_timeout=5, backoff=Backoff(first=0.05, cap=0.3))
 
@@ -47,13 +50,16 @@ def services(run: Run) -> list[ServiceView]:
 class Run:
     """A watcher in a thread; `error` holds what ended it."""
 
-    def __init__(self, server: ApiServer, tmp_path, kind: str = SERVICE, token=None) -> None:
+    def __init__(
+        self, server: ApiServer, tmp_path, kind: str = SERVICE, token=None, observe=unobserved
+    ) -> None:
         self.tracker = Tracker(required=(kind,))
         self.restarts: list[tuple[str, str]] = []
         self.stop = threading.Event()
         self.client = client = kube.connect(
             kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig", token=token),
             context=None,
+            observe=observe,
         )
         self.watcher = kube.Watcher(
             kind,
@@ -109,6 +115,36 @@ def test_lists_then_follows_adds_changes_and_deletes(server, watch):
     eventually(lambda: run.names() == {"a"})
     # parsed on arrival, list items (which carry no kind) as watch events
     assert [type(view) for view in services(run)] == [ServiceView]
+
+
+def test_list_and_watch_are_counted_as_client_go_counts_them(server, watch):
+    """rest_client_requests_total{code, method, host} for every request, the duration
+    histogram {verb, host} for all but watches (client-go's Request.request)."""
+    metrics = Metrics()
+    server.put(svc("a"))
+    run = watch(observe=metrics.api_request)
+    eventually(lambda: any(q.get("watch") for _, _, q in server.requests))
+    host = f"127.0.0.1:{server.port}"
+    requests = "rest_client_requests_total"
+    eventually(lambda: sample(metrics, requests, code="200", method="GET", host=host) >= 2)
+    lists = sum(1 for _, _, q in server.requests if not q.get("watch"))
+    duration = "rest_client_request_duration_seconds_count"
+    assert lists >= 1
+    assert sample(metrics, duration, verb="GET", host=host) == lists
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    (counted,) = [s for s in families["rest_client_requests"].samples if s.name == requests]
+    assert set(counted.labels) == {"code", "method", "host"}
+    histogram = families["rest_client_request_duration_seconds"].samples
+    (bucket, *_) = [s for s in histogram if s.name.endswith("_bucket")]
+    assert set(bucket.labels) == {"verb", "host", "le"}  # no `url` (component-base: verb, host)
+    run.close()
+    refused = Metrics()
+    watch(token="wrong", observe=refused.api_request)  # 401: counted with its code
+    eventually(lambda: sample(refused, requests, code="401", method="GET", host=host) >= 1)
+    server.stop()  # no answer at all: `<error>`, as client-go counts a failed round trip
+    gone = Metrics()
+    watch(observe=gone.api_request)
+    eventually(lambda: sample(gone, requests, code="<error>", method="GET", host=host) >= 1)
 
 
 def test_resumes_from_bookmarks_and_ends_of_streams(server, watch):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipvsproxy.agent_loop import AgentLoop
@@ -321,9 +322,9 @@ def test_a_pass_that_did_not_complete_is_still_timed():
     assert sample(metrics, "ipvsproxy_syncs_total", result="error") == 2
 
 
-# ---- deploy/grafana-dashboard.json ---------------------------------------------------------
+# ---- deploy/monitoring/dashboards/ipvsproxy.json ------------------------------------------
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parent.parent / "deploy/monitoring/dashboards/ipvsproxy.json"
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
                 "or", "unless", "offset", "inf", "nan"}  # fmt: skip
 
@@ -473,3 +474,73 @@ def test_the_process_and_the_interpreter_are_exported():
         "python_gc_collections_total",
     ):
         assert f"\n{name}" in text, name
+
+
+# ---- what the kube-proxy dashboards and the shipped alerts query ---------------------------
+
+DATA = Path(__file__).resolve().parent / "data"
+RULES = Path(__file__).resolve().parent.parent / "deploy/monitoring/prometheusrule.yaml"
+# Queried, but no agent can export them; each is left out on purpose, for its reason.
+NOT_THE_AGENTS = {
+    "up": "Prometheus's own series for each target it scrapes",
+    "kube_pod_info": "kube-state-metrics' (the mixin's `cluster` variable), not a proxy's",
+    "go_goroutines": "Go's runtime: a Python agent has threads, not goroutines; process_* "
+    "and python_* describe its process and interpreter instead (no stand-in that would "
+    "pretend to be a goroutine count)",
+}
+
+
+def scraped_names() -> set[str]:
+    """The series names of an agent's /metrics after a real sync (a Service with a Local
+    policy and no endpoint here, the IPVS backend chosen) and one API request: what a
+    Prometheus scrape would see, parsed from the rendered text, not from names in code."""
+    agent = Agent()
+    svc = service("in", cluster_ips=("10.96.0.1",), internalTrafficPolicy="Local")
+    agent.feed(svc, slice_("in", endpoints=[ep("10.244.9.1", node="node-b")]))
+    agent.metrics.use_backend("ipvs", others=("iptables",))
+    agent.sync()
+    agent.metrics.api_request("GET", "192.0.2.10:6443", "200", 0.02)
+    text = agent.metrics.render().decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def mixin_names() -> set[str]:
+    lines = (DATA / "kubernetes-mixin-proxy-metrics.txt").read_text().splitlines()
+    return {line for line in lines if line and not line.startswith("#")}
+
+
+def test_every_metric_of_the_mixins_proxy_dashboard_is_exported():
+    """kube-prometheus' "Kubernetes / Proxy" dashboard shows ipvsproxy as it shows kube-proxy."""
+    wanted = mixin_names()
+    assert len(wanted) == 11
+    missing = wanted - scraped_names() - set(NOT_THE_AGENTS)
+    assert not missing, missing
+    assert set(NOT_THE_AGENTS) <= wanted | {"up"}  # no excuse kept for a name not queried
+
+
+def rule_exprs() -> list[str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule["expr"] for group in doc["spec"]["groups"] for rule in group["rules"]]
+
+
+def test_every_metric_the_shipped_alerts_query_is_exported():
+    exported = scraped_names() | {"up"}  # up: Prometheus's, for IpvsproxyDown
+    for expr in rule_exprs():
+        used = metric_names(expr)
+        assert used, expr
+        assert used <= exported, (expr, used - exported)
+
+
+def test_the_shipped_dashboards_metrics_are_in_a_scrape_after_a_sync():
+    """The dashboard's names against a scrape after a sync (the `# TYPE` test above also
+    allows series that appear only after an event: health answers, watch restarts)."""
+    eventful = {
+        "kubeproxy_proxy_healthz_total",
+        "kubeproxy_proxy_livez_total",
+        "ipvsproxy_watch_restarts_total",
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        "ipvsproxy_kernel_operations_total",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",  # set by the tracker's callback
+    }
+    used = {n for p in dashboard()["panels"] for t in p["targets"] for n in metric_names(t["expr"])}
+    assert used - eventful <= scraped_names(), used - eventful - scraped_names()

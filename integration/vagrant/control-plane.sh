@@ -18,7 +18,7 @@ install -d -o vagrant -g vagrant /home/vagrant/.kube
 install -m 0600 -o vagrant -g vagrant /etc/kubernetes/admin.conf /home/vagrant/.kube/config
 
 # ipvsproxy's least-privilege role, from the project's deployment manifests
-kubectl apply -f /vagrant/deploy/namespace.yaml -f /vagrant/deploy/rbac.yaml
+kubectl apply -f /vagrant/deploy/base/objects/namespace.yaml -f /vagrant/deploy/base/objects/rbac.yaml
 # Here ipvsproxy runs as a systemd unit with each node's own kubelet credentials (no image
 # registry in this throw-away cluster): nodes get ipvsproxy's role too.
 kubectl apply -f - <<YAML
