@@ -140,6 +140,11 @@ class ApiServer:
             self._generation += 1
             self._state.notify_all()
 
+    @property
+    def ca_pem(self) -> bytes:
+        """The certificate of the CA that signed the server's, as a client is given it."""
+        return self._ca.cert_pem.bytes()
+
     def write_kubeconfig(self, path: Path, *, token: str | None = None) -> Path:
         ca = base64.b64encode(self._ca.cert_pem.bytes()).decode()
         path.write_text(
