@@ -446,9 +446,10 @@ def _describe(source: Source) -> str:
     return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"
 
 
-def cleanup(config: Config, *, dry_run: bool) -> list[str]:
-    """Remove (or, with dry_run, list) everything ipvsproxy owns in both backends."""
-    return backends.cleanup(config, dry_run=dry_run)
+def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
+    """Remove (or, with dry_run, list) everything ipvsproxy owns in both backends (without
+    `ipvs`: all but its IPVS table and dummy device)."""
+    return backends.cleanup(config, dry_run=dry_run, ipvs=ipvs)
 
 
 def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:

@@ -268,8 +268,12 @@ def remove_leftovers(backend: Backend, config: Config, *, dry_run: bool = False)
     return removed
 
 
-def cleanup(config: Config, *, dry_run: bool) -> list[str]:
-    """Everything ipvsproxy owns in both backends, removed (or listed, with dry_run)."""
+def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
+    """Everything ipvsproxy owns in both backends, removed (or listed, with dry_run); without
+    `ipvs`, its IPVS virtual servers and dummy device stay (for kube-proxy's IPVS mode to take
+    over in place: the way back from a migration), only its iptables rules and sets go."""
+    if not ipvs:
+        return _firewall_cleanup(dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
 
 

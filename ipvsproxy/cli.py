@@ -921,26 +921,38 @@ def cleanup_lines(removed: list[str], *, dry_run: bool, whose: str) -> list[str]
     is_flag=True,
     help="With --kube-proxy: also its virtual servers (the ownership rule) and kube-ipvs0.",
 )
+@option(
+    "--keep-ipvs",
+    section=OWN,
+    is_flag=True,
+    help="Remove only ipvsproxy's iptables rules and ipsets; its virtual servers and the dummy "
+    "device stay, for kube-proxy's IPVS mode to take over in place (the way back from a "
+    "migration: docs/migration.md).",
+)
 @ownership_options
 @logging_options
 @errors_to_exit
-def cleanup(dry_run: bool, kube_proxy: bool, including_ipvs: bool, **opts: Any) -> None:
+def cleanup(
+    dry_run: bool, kube_proxy: bool, including_ipvs: bool, keep_ipvs: bool, **opts: Any
+) -> None:
     """Remove everything ipvsproxy owns, in both backends, and nothing else.
 
     IPVS: its virtual servers (the ownership rule: VIPs on the dummy device, --service-cidr,
     NodePorts on this host's addresses), the VIPs and the dummy device. iptables: its
     chains (IPVSPX-*) and the jumps into them. With --kube-proxy: kube-proxy's leftovers
-    instead (see the README's migration guide). Exit status: 0 done, 2 error.
+    instead; the migration (docs/migration.md) uses both. Exit status: 0 done, 2 error.
     """
     apply_logging(opts)
     if including_ipvs and not kube_proxy:
         raise ConfigError("--including-ipvs goes with --kube-proxy")
+    if keep_ipvs and kube_proxy:
+        raise ConfigError("--keep-ipvs is for ipvsproxy's own rules, not with --kube-proxy")
     config = Config(**ownership_config(opts))
     if kube_proxy:
         removed = agent.cleanup_kube_proxy(config, dry_run=dry_run, ipvs=including_ipvs)
         whose = "kube-proxy's"
     else:
-        removed = agent.cleanup(config, dry_run=dry_run)
+        removed = agent.cleanup(config, dry_run=dry_run, ipvs=not keep_ipvs)
         whose = "ipvsproxy's"
     for line in cleanup_lines(removed, dry_run=dry_run, whose=whose):
         click.echo(line)

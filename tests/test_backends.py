@@ -172,3 +172,24 @@ def test_ipvs_is_guarded_only_when_the_firewall_lacks_a_family(monkeypatch, vers
     with _ipvs_backend(Config(), "test") as backend:
         assert isinstance(backend.kernel, FailClosed) is guarded
         assert backend.firewall is firewall
+
+
+def test_cleanup_keeping_ipvs_removes_only_the_rules_and_sets(monkeypatch):
+    """The way back from a migration: kube-proxy's IPVS mode takes the table over in place."""
+    calls: list[str] = []
+
+    def recorder(name: str):
+        def remove(*args, dry_run):
+            calls.append(name)
+            return []
+
+        return remove
+
+    monkeypatch.setattr(backends, "_firewall_cleanup", recorder("fw"))
+    monkeypatch.setattr(backends, "_iptables_cleanup", recorder("ipt"))
+    monkeypatch.setattr(backends, "ipvs_cleanup", recorder("ipvs"))
+    backends.cleanup(Config(), dry_run=True, ipvs=False)
+    assert calls == ["fw", "ipt"]
+    calls.clear()
+    backends.cleanup(Config(), dry_run=True)
+    assert calls == ["fw", "ipvs", "ipt"]

@@ -258,3 +258,19 @@ def test_the_warnings_of_the_command_line_come_in_the_format_it_asks_for(monkeyp
     warned = [line for line in stderr.splitlines() if "no meaning for ipvsproxy" in line]
     assert len(warned) == 1, stderr
     assert warned[0].startswith('{"'), stderr
+
+
+def test_cleanup_keep_ipvs_asks_for_the_rules_only(monkeypatch):
+    asked: list[bool] = []
+
+    def cleanup(config, *, dry_run, ipvs):
+        asked.append(ipvs)
+        return []
+
+    monkeypatch.setattr(agent, "cleanup", cleanup)
+    assert invoke("cleanup", "--keep-ipvs", "--dry-run").exit_code == 0
+    assert invoke("cleanup", "--dry-run").exit_code == 0
+    assert asked == [False, True]
+    refused = invoke("cleanup", "--keep-ipvs", "--kube-proxy")
+    assert refused.exit_code == 2
+    assert "--keep-ipvs" in refused.output
