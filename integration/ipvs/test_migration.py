@@ -10,6 +10,8 @@ stalls, every new connection succeeds. Run by scripts/vm-test inside the IPVS VM
 
 from __future__ import annotations
 
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -34,10 +36,19 @@ from tests.support import free_port
 pytestmark = pytest.mark.vm
 
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
+DOC = Path(__file__).resolve().parents[2] / "docs" / "migration.md"
 NODE_IP = "10.250.1.1"  # the node's address on the client's link (lab.py topology)
 CLUSTER_CIDR = "10.244.0.0/16"
 STALL = 1.0  # seconds without an answer on a held connection that count as a stall
 PATHS = (("10.96.0.10", 80), (NODE_IP, 30080))  # a ClusterIP, a NodePort
+
+
+def doc_commands() -> tuple[list[str], list[str]]:
+    """The node's side of docs/migration.md, as written there: the `ipvsproxy cleanup` it runs
+    on the node after the swap, and the one on the way back (its dry runs aside)."""
+    found = re.findall(r"-- (ipvsproxy cleanup [^\n]*)", DOC.read_text())
+    swap, back = (shlex.split(c) for c in found if "--dry-run" not in c)
+    return [IPVSPROXY, *swap[1:]], [IPVSPROXY, *back[1:]]
 
 
 def saved() -> str:
@@ -115,6 +126,9 @@ def lab() -> Iterator[Lab]:
 
 
 def test_kube_proxy_to_ipvsproxy_and_back_drops_no_connection(lab: Lab, tmp_path: Path) -> None:
+    swap_cleanup, back_cleanup = doc_commands()
+    assert swap_cleanup[2:] == ["--kube-proxy"]
+    assert back_cleanup[2:] == ["--keep-ipvs"]
     b1, b2 = (lab.add_backend().address for _ in range(2))
     client = lab.add_client()
     layout = (
@@ -167,8 +181,7 @@ def test_kube_proxy_to_ipvsproxy_and_back_drops_no_connection(lab: Lab, tmp_path
             detail=lambda: saved() + log.read_text()[-3000:],
         )  # fmt: skip
         time.sleep(1)
-        cleaned = subprocess.run([IPVSPROXY, "cleanup", "--kube-proxy"], capture_output=True,
-                                 text=True)  # fmt: skip
+        cleaned = subprocess.run(swap_cleanup, capture_output=True, text=True)
         assert cleaned.returncode == 0, cleaned.stderr
         assert kube_proxy.chains() == set()
         assert kube_proxy.sets() == set()
@@ -180,8 +193,7 @@ def test_kube_proxy_to_ipvsproxy_and_back_drops_no_connection(lab: Lab, tmp_path
         assert agent.wait(timeout=60) == 0
         kube_proxy.apply(layout, node_ip=NODE_IP, cluster_cidr=CLUSTER_CIDR)
         time.sleep(1)
-        back = subprocess.run([IPVSPROXY, "cleanup", "--keep-ipvs"], capture_output=True,
-                              text=True)  # fmt: skip
+        back = subprocess.run(back_cleanup, capture_output=True, text=True)
         assert back.returncode == 0, back.stderr
         assert own_chains() == []
         assert len(kube_proxy.chains()) == 11
