@@ -19,6 +19,7 @@ import gc
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from ipvsproxy.errors import KernelError
@@ -34,6 +35,7 @@ from ipvsproxy.sync.tracker import Changes, Tracker
 log = logging.getLogger("ipvsproxy.sync")
 
 DRAIN_POLL = 1.0  # seconds between connection-count checks while endpoints drain
+SAME_ERROR_LINES = 5  # failures of one pass with the same error named one by one; then counted
 # A full pass is due once a sync period has passed since the last one ended (the runner's
 # periodic run comes exactly then; the margin absorbs clock rounding).
 FULL_DUE = 0.99
@@ -206,13 +208,20 @@ class AgentLoop:
 
     def _log_failures(self, result: PassResult) -> None:
         """One line per failing object per change of its error (not one per pass while
-        it backs off), and one when it recovers."""
+        it backs off), and one when it recovers. Failures sharing one error (a refused
+        iptables-restore fails every object it carried: 140,000 at 10,000 Services) are
+        named up to SAME_ERROR_LINES times, then counted in one line."""
+        same: Counter[str] = Counter()
         for failure in result.sync.report.failures:
             what = _object_of(failure.op)
             if touched((failure.op,))[0] & result.refused:
                 continue  # warned about as a refusal, served plainer at once
             text = str(failure.error)
             if self._logged.get(what) != text:
+                self._logged[what] = text
+                same[text] += 1
+                if same[text] > SAME_ERROR_LINES:
+                    continue
                 fields = result.sync.facts(failure.op)
                 log.error(
                     "operation failed: %s: %s",
@@ -220,7 +229,14 @@ class AgentLoop:
                     text,
                     extra={**fields, "error": text},
                 )
-                self._logged[what] = text
+        for text, count in same.items():
+            if count > SAME_ERROR_LINES:
+                log.error(
+                    "operation failed: %d more operations: %s",
+                    count - SAME_ERROR_LINES,
+                    text,
+                    extra={"error": text, "count": count - SAME_ERROR_LINES},
+                )
         for key in result.recovered:
             logged = [w for w in self._logged if w == key or (isinstance(w, tuple) and w[0] == key)]
             for what in logged:

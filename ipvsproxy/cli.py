@@ -473,11 +473,12 @@ def logging_options(func: F) -> F:
     ])  # fmt: skip
 
 
-def from_config_file(opts: dict[str, Any]) -> None:
+def from_config_file(opts: dict[str, Any], *, warn: bool = True) -> None:
     """Fill `opts` from `--config` where the command line (or the environment) gave no
-    value, check `--proxy-mode`, warn once of what has no meaning here, apply the logging
-    options. Precedence: command line > environment > file > defaults. A value from the
-    file is checked as its flag is; an error names the file and the field."""
+    value, check `--proxy-mode`, warn once of what has no meaning here (unless not `warn`:
+    `prepare` reads only a few of the file's fields, the agent warns of the file), apply the
+    logging options. Precedence: command line > environment > file > defaults. A value from
+    the file is checked as its flag is; an error names the file and the field."""
     ctx = click.get_current_context()
     path = opts.pop("config_file")
     loaded = kpconfig.load(path) if path is not None else kpconfig.Loaded()
@@ -496,6 +497,8 @@ def from_config_file(opts: dict[str, Any]) -> None:
         fields[name] = where
     ctx.meta[FIELDS] = fields
     apply_logging(opts)  # first: the warnings below come out in the format asked for
+    if not warn:
+        return
     flags = [
         f"--{name}"
         for name in kpconfig.IGNORED_FLAGS
@@ -960,6 +963,14 @@ def cleanup(
 
 @main.command()
 @option(
+    "--config",
+    "config_file",
+    section=KUBE_PROXY,
+    type=click.Path(path_type=Path),
+    help="A KubeProxyConfiguration file (the one `run --config` reads): its ipvs.scheduler, "
+    "ipvs.strictARP, conntrack.* and logging; flags given on the command line win over it.",
+)
+@option(
     "--scheduler",
     "--ipvs-scheduler",
     "scheduler",
@@ -973,17 +984,17 @@ def cleanup(
 @conntrack_options
 @logging_options
 @errors_to_exit
-def prepare(scheduler: str, strict_arp: bool, **opts: Any) -> None:
+def prepare(**opts: Any) -> None:
     """Load the IPVS modules and set the kernel settings ipvsproxy needs, then exit.
 
     For a privileged init container, so that the agent itself runs with three capabilities
     and a read-only /proc/sys. `run` checks the same settings at start. Exit 0, or 3 when a
     setting cannot be written (the conntrack ones, `--conntrack-*`, only warn, as in `run`).
     """
-    apply_logging(opts)
+    from_config_file(opts, warn=False)
     config = Config(
-        scheduler=parse_scheduler(scheduler, option="--scheduler"),
-        strict_arp=strict_arp,
+        scheduler=parse_scheduler(opts.pop("scheduler"), option=flag("scheduler", "--scheduler")),
+        strict_arp=opts.pop("strict_arp"),
         **conntrack_config(opts),
     )
     for line in agent.prepare_host(config):

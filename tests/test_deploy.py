@@ -283,8 +283,13 @@ def test_kubeadm_reads_kubeadms_kube_proxy_configmap_and_configures_nothing_twic
     (container,) = spec["containers"]
     assert container["args"] == ["run", "--config=/var/lib/kube-proxy/config.conf"]
     assert [e["name"] for e in container["env"]] == ["NODE_NAME"]  # no flag from elsewhere
-    assert spec["initContainers"][0]["args"] == ["prepare"]
+    assert spec["initContainers"][0]["args"] == [
+        "prepare",
+        "--config=/var/lib/kube-proxy/config.conf",
+    ]
     assert "env" not in spec["initContainers"][0]
+    init_mounts = {m["name"]: m for m in spec["initContainers"][0]["volumeMounts"]}
+    assert init_mounts["kube-proxy"]["mountPath"] == "/var/lib/kube-proxy"
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["kube-proxy"] == {
         "name": "kube-proxy", "mountPath": "/var/lib/kube-proxy", "readOnly": True
@@ -358,15 +363,22 @@ def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp
 
 
 @pytest.mark.parametrize("name", AGENTS)
-def test_the_init_containers_flags_are_valid_for_ipvsproxy_prepare(name, monkeypatch):
+def test_the_init_containers_flags_are_valid_for_ipvsproxy_prepare(name, monkeypatch, tmp_path):
+    """...and the kubeadm overlay's init container reads kubeadm's config.conf, as the agent:
+    a scheduler set there is the module it loads."""
     found = rendered(name)
     (init,) = pod_spec(name)["initContainers"]
     args = expand(init["args"], init.get("env", []), found)
+    mounted = tmp_path / "config.conf"
+    config = yaml.safe_load(KUBEADM_CONFIG.read_text())
+    config["ipvs"]["scheduler"] = "lc"
+    mounted.write_text(yaml.safe_dump(config))
+    args = [a.replace("/var/lib/kube-proxy/config.conf", str(mounted)) for a in args]
     seen: dict[str, Any] = {}
     monkeypatch.setattr(agent, "prepare_host", lambda config: seen.setdefault("c", config) and [])
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert seen["c"].scheduler == "rr"
+    assert seen["c"].scheduler == ("lc" if name == "kubeadm" else "rr")
 
 
 # ---- kubectl apply -f / -k, against a discovery-only server ---------------------------------

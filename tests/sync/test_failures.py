@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from ipaddress import ip_address
 from typing import Any
 
+from ipvsproxy.agent_loop import SAME_ERROR_LINES
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, Unsupported
@@ -232,3 +233,30 @@ def test_an_unexpected_error_in_a_pass_is_logged_counted_and_retried(caplog):
     clock.now += 1
     runner.run_if_due()
     assert agent.kernel.state.services  # the next pass did the work
+
+
+def test_many_failures_with_one_error_are_named_a_few_times_then_counted(caplog):
+    """A refused iptables-restore fails every object it carried with one error: the log names
+    the first few and counts the rest in one line, instead of a line per object."""
+    agent, runner, clock = driven_agent()
+    endpoints = [ep(f"10.244.0.{n}") for n in range(1, 31)]
+    agent.feed(service("web"), slice_("web", endpoints=endpoints))
+    real_apply = agent.kernel.apply
+
+    def failing_apply(plan: Sequence[Op], *, names: Any = None) -> ApplyReport:
+        for op in plan:
+            if isinstance(op, AddDest):
+                agent.kernel.errors[op] = KernelError("iptables-restore: line 7 failed")
+        return real_apply(plan, names=names)
+
+    agent.kernel.apply = failing_apply  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="ipvsproxy.sync"):
+        runner.run_if_due()
+    failed = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("operation failed")
+    ]
+    assert len(failed) == SAME_ERROR_LINES + 1, failed
+    more = 30 - SAME_ERROR_LINES
+    assert (
+        failed[-1] == f"operation failed: {more} more operations: iptables-restore: line 7 failed"
+    )
