@@ -129,7 +129,7 @@ def test_help_is_grouped_in_sections():
         ("cleanup", ["--scheduler", "--backend", "--pod-bridge-interface", "--cluster-cidr",
                      "--hostname-override", "--no-fallback", "--masquerade-all", "--config",
                      "--kubeconfig", "--conntrack-min"]),
-        ("prepare", ["--kubeconfig", "--manifests", "--backend", "--dummy-device", "--config",
+        ("prepare", ["--kubeconfig", "--manifests", "--backend", "--dummy-device", "--proxy-mode",
                      "--metrics-bind-address"]),
         ("diff", ["--conntrack-min", "--metrics-bind-address", "--once", "--sync-period",
                   "--feature-gates", "--cleanup"]),
