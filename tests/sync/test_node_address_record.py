@@ -1,0 +1,123 @@
+"""Virtual servers on the node's own addresses are deleted with their Service at any port,
+across restarts, and a foreign one on a node address is never touched (issue 28, item 2).
+
+IPVS over FakeKernel with its firewall over FakeHost (the record set lives there), and the
+iptables fallback over FakeIptables; a restart is a fresh Proxier on the same kernel and host.
+"""
+
+from __future__ import annotations
+
+from ipaddress import ip_address
+from typing import Any
+
+import pytest
+
+from ipvsproxy.config import Config
+from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.iptables import IptablesKernel
+from ipvsproxy.model import DeleteService, IpvsState, Proto, VirtualServer, VSKey
+from ipvsproxy.proxier import Proxier
+from ipvsproxy.sync.render import describe
+from ipvsproxy.testing import FakeKernel
+from tests.factories import node, port, service
+from tests.support import FakeHost, FakeIptables, Synced
+
+CONFIG = Config(node_name="node-a")
+NODE = "192.168.0.10"
+EXTERNAL = VSKey(ip_address(NODE), 2222, Proto.TCP)  # externalIPs: [node address]
+LOW_NODE_PORT = VSKey(ip_address(NODE), 22, Proto.TCP)  # a NodePort outside the range
+FOREIGN = VSKey(ip_address(NODE), 2223, Proto.TCP)  # an administrator's `ipvsadm -A`
+
+
+def services() -> list[dict[str, Any]]:
+    return [
+        node(addresses=(NODE,)),
+        service("ext", externalIPs=[NODE], ports=[port(number=2222)]),
+        service(
+            "low",
+            type="NodePort",
+            cluster_ips=("10.96.0.11",),
+            ports=[port(number=80, node_port=22)],
+        ),
+    ]
+
+
+def ipvs_proxier(kernel: FakeKernel, host: FakeHost) -> Synced:
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    return Synced(Proxier(kernel=kernel, config=CONFIG, firewall=firewall))
+
+
+def with_foreign(kernel: FakeKernel) -> None:
+    state = kernel.state
+    kernel.state = IpvsState(
+        {**state.services, FOREIGN: VirtualServer(FOREIGN)},
+        {**state.dests, FOREIGN: {}},
+        state.bound,
+    )
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28 item 2: not yet recorded")
+def test_a_node_address_virtual_server_goes_with_its_service_after_a_restart():
+    kernel, host = FakeKernel(), FakeHost()
+    assert ipvs_proxier(kernel, host).sync(services()).ok
+    with_foreign(kernel)
+    assert {EXTERNAL, LOW_NODE_PORT, FOREIGN} <= kernel.state.services.keys()
+
+    restarted = ipvs_proxier(kernel, host)  # a new process: nothing known but the kernel
+    planned = restarted.proxier.plan_from(restarted_changes(restarted), full=True)
+    gone = {op.key for op in planned.ipvs.plan if isinstance(op, DeleteService)}
+    assert {EXTERNAL, LOW_NODE_PORT} <= gone
+    assert FOREIGN not in gone
+    # `diff` renders what the plan holds: the deletions are shown
+    lines = [
+        describe(op, planned.names, planned.ipvs.observed, CONFIG.dummy_device).command
+        for op in planned.ipvs.plan
+    ]
+    assert "ipvsadm -D -t 192.168.0.10:2222" in lines
+    assert "ipvsadm -D -t 192.168.0.10:22" in lines
+
+    assert restarted.proxier.apply(planned).ok
+    assert EXTERNAL not in kernel.state.services
+    assert LOW_NODE_PORT not in kernel.state.services
+    assert kernel.state.services[FOREIGN] == VirtualServer(FOREIGN)  # never touched
+
+    # and the pass after it, and another restart, leave the foreign one alone
+    assert restarted.sync([node(addresses=(NODE,))]).sync.plan == ()
+    again = ipvs_proxier(kernel, host)
+    assert again.sync([node(addresses=(NODE,))]).sync.plan == ()
+    assert FOREIGN in kernel.state.services
+
+
+def restarted_changes(synced: Synced):
+    synced.feed([node(addresses=(NODE,))])  # the Services were deleted while it was down
+    return synced.tracker.take()
+
+
+def test_a_foreign_virtual_server_on_a_node_address_is_never_claimed_after_a_restart():
+    kernel, host = FakeKernel(), FakeHost()
+    with_foreign(kernel)
+    assert ipvs_proxier(kernel, host).sync(services()).ok
+    restarted = ipvs_proxier(kernel, host)
+    result = restarted.sync([node(addresses=(NODE,))])
+    assert result.ok
+    assert FOREIGN in kernel.state.services
+    assert all(not (isinstance(op, DeleteService) and op.key == FOREIGN) for op in result.sync.plan)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28 item 2: not yet recorded")
+def test_the_fallback_deletes_its_node_address_rules_after_a_restart():
+    commands = FakeIptables()
+    first = Synced(Proxier(kernel=IptablesKernel(commands=commands), config=CONFIG))
+    assert first.sync(services()).ok
+    saved = commands.save(4)
+    assert "192.168.0.10/32" in saved
+    assert "--dport 2222" in saved
+
+    restarted = Synced(Proxier(kernel=IptablesKernel(commands=commands), config=CONFIG))
+    result = restarted.sync([node(addresses=(NODE,))])
+    assert result.ok
+    gone = {op.key for op in result.sync.plan if isinstance(op, DeleteService)}
+    assert {EXTERNAL, LOW_NODE_PORT} <= gone
+    saved = commands.save(4)
+    assert "--dport 2222" not in saved
+    assert "--dport 22 " not in saved
