@@ -36,6 +36,7 @@ from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
+from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
@@ -189,6 +190,8 @@ class Proxier:
     _ownership: Ownership | None = None
     _observed_once: bool = False
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
+    # made by ipvsproxy, as the kernel's record said at the last full observation
+    _recorded: frozenset[VSKey] = frozenset()
     _sets: SetIndex | None = None  # the firewall's sets, kept per virtual server
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
@@ -270,7 +273,9 @@ class Proxier:
     def ownership(self) -> Ownership:
         if self._ownership is None:
             addresses = self.node.addresses if self.node is not None else ()
-            self._ownership = replace(ownership_for(self.config, addresses), known=self._known)
+            self._ownership = replace(
+                ownership_for(self.config, addresses), known=self._known, recorded=self._recorded
+            )
         return self._ownership
 
     def families(self) -> set[int]:
@@ -331,6 +336,7 @@ class Proxier:
         return self.kernel.observe(), self.kernel.damage()
 
     def _plan_full(self, observation: _Observation) -> PassPlan:
+        self._read_record(observation)
         plan, desired = self._plan_ipvs(observation.ipvs, observation.repairs)
         if observation.firewall_error:
             return replace(plan, firewall_error=observation.firewall_error)
@@ -345,6 +351,20 @@ class Proxier:
             return replace(plan, firewall=wanted, firewall_seen=seen)
         except KernelError as exc:
             return replace(plan, firewall_error=str(exc))
+
+    def _read_record(self, observation: _Observation) -> None:
+        """What the kernel records as made by ipvsproxy (ownership rule 5), as a full
+        observation found it: the fallback's chains hold nothing else; with IPVS, the
+        firewall's CREATED sets (not readable this pass, or no firewall: no record, so
+        nothing more is claimed than the other rules give)."""
+        if isinstance(self.kernel, IptablesKernel):
+            recorded = frozenset(observation.ipvs.services)
+        elif observation.firewall is not None:
+            recorded = recorded_by(observation.firewall.sets)
+        else:
+            recorded = frozenset()
+        if recorded != self._recorded:
+            self._recorded, self._ownership = recorded, None
 
     def _plan_ipvs(self, observed: IpvsState, repairs: tuple[str, ...]) -> tuple[PassPlan, Desired]:
         desired = self.index.desired()

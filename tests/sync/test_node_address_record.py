@@ -10,8 +10,6 @@ from __future__ import annotations
 from ipaddress import ip_address
 from typing import Any
 
-import pytest
-
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.iptables import IptablesKernel
@@ -56,7 +54,6 @@ def with_foreign(kernel: FakeKernel) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 2: not yet recorded")
 def test_a_node_address_virtual_server_goes_with_its_service_after_a_restart():
     kernel, host = FakeKernel(), FakeHost()
     assert ipvs_proxier(kernel, host).sync(services()).ok
@@ -104,7 +101,6 @@ def test_a_foreign_virtual_server_on_a_node_address_is_never_claimed_after_a_res
     assert all(not (isinstance(op, DeleteService) and op.key == FOREIGN) for op in result.sync.plan)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 2: not yet recorded")
 def test_the_fallback_deletes_its_node_address_rules_after_a_restart():
     commands = FakeIptables()
     first = Synced(Proxier(kernel=IptablesKernel(commands=commands), config=CONFIG))
