@@ -36,6 +36,7 @@ from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
+from ipvsproxy.firewall.sets import record_of
 from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
@@ -434,7 +435,7 @@ class Proxier:
         written = _Written(error=planned.firewall_error)
         forgotten = 0
         if self.firewall is not None:
-            written = self._timed_firewall(planned)
+            written = self._timed_firewall(_keeping_records(planned, result.report))
             started = self.clock()
             forgotten = forget_udp(self.firewall.commands, gone)
             written = replace(written, seconds=written.seconds + self.clock() - started)
@@ -557,6 +558,33 @@ def _reusing(contribution: Contribution, index: DesiredIndex) -> Contribution:
     if not shared:  # a new Service (every one in a first sync): nothing held to share
         return contribution
     return replace(contribution, entries=entries)
+
+
+def _keeping_records(planned: PassPlan, report: ApplyReport) -> PassPlan:
+    """The plan with the record entries (sets.CREATED) of the virtual servers whose deletion
+    the kernel refused kept: still there, they stay recorded as ipvsproxy's, so that a
+    restart still deletes them."""
+    plan = planned.firewall
+    if plan is None or report.ok:
+        return planned
+    keep: dict[str, set[str]] = {}
+    for failure in report.failures:
+        if isinstance(failure.op, DeleteService):
+            name, entry = record_of(failure.op.key)
+            keep.setdefault(name, set()).add(entry)
+    if not keep:
+        return planned
+    changes = []
+    for change in plan.sets:
+        held = keep.get(change.name, set()).intersection(change.delete)
+        if held:
+            change = replace(  # noqa: PLW2901 - the same change, those entries kept
+                change,
+                delete=tuple(e for e in change.delete if e not in held),
+                wanted=change.wanted | held,
+            )
+        changes.append(change)
+    return replace(planned, firewall=replace(plan, sets=tuple(changes)))
 
 
 def _applied(plan: Sequence[Op], failed: set[Op]) -> Sequence[Op]:

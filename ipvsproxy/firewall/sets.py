@@ -155,7 +155,7 @@ def _entries(
     ip_port = f"{key.address},{proto}:{key.port}"
     out = []
     if not bound:  # on an address that is not ipvsproxy's: recorded as its own
-        out.append((names[CREATED], ip_port))
+        out.append(record_of(key))
     if policy.frontend is Frontend.CLUSTER_IP:
         out.append((names[CLUSTER_IP], ip_port))  # masqueraded as the node policy says
     elif policy.masquerade is Masquerade.ALWAYS:
@@ -174,6 +174,11 @@ def _entries(
             text = str(rs.address)
             out.append((names[LOOP_BACK], f"{text},{proto}:{rs.port},{text}"))
     return out
+
+
+def record_of(key: VSKey) -> Entry:
+    """The CREATED entry that records a virtual server as ipvsproxy's."""
+    return _NAMES[key.address.version][CREATED], f"{key.address},{_proto(key.proto)}:{key.port}"
 
 
 def recorded(state: SetState) -> frozenset[VSKey]:

@@ -11,6 +11,7 @@ from ipaddress import ip_address
 from typing import Any
 
 from ipvsproxy.config import Config
+from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.model import DeleteService, IpvsState, Proto, VirtualServer, VSKey
@@ -117,3 +118,26 @@ def test_the_fallback_deletes_its_node_address_rules_after_a_restart():
     saved = commands.save(4)
     assert "--dport 2222" not in saved
     assert "--dport 22 " not in saved
+
+
+def test_a_refused_deletion_keeps_its_record_so_a_restart_still_deletes_it():
+    kernel, host = FakeKernel(), FakeHost()
+    first = ipvs_proxier(kernel, host)
+    assert first.sync(services()).ok
+    kernel.errors[DeleteService(EXTERNAL)] = KernelError("scripted: busy")
+    result = first.sync([node(addresses=(NODE,))])
+    assert not result.ok
+    assert EXTERNAL in kernel.state.services
+    assert f"{NODE},tcp:2222" in host.held()["IPVSPROXY-CREATED"]  # still recorded
+    assert f"{NODE},tcp:22" not in host.held()["IPVSPROXY-CREATED"]  # that one went
+
+    restarted = ipvs_proxier(kernel, host)
+    assert restarted.sync([node(addresses=(NODE,))]).ok
+    assert EXTERNAL not in kernel.state.services
+    assert f"{NODE},tcp:2222" not in host.held()["IPVSPROXY-CREATED"]
+
+
+def test_the_record_lists_node_address_virtual_servers_only():
+    kernel, host = FakeKernel(), FakeHost()
+    assert ipvs_proxier(kernel, host).sync(services()).ok
+    assert host.held()["IPVSPROXY-CREATED"] == {f"{NODE},tcp:2222", f"{NODE},tcp:22"}
