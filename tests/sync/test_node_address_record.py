@@ -7,15 +7,18 @@ iptables fallback over FakeIptables; a restart is a fresh Proxier on the same ke
 
 from __future__ import annotations
 
-from ipaddress import ip_address
+from dataclasses import replace
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.sets import SetState, record_of, recorded
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.model import DeleteService, IpvsState, Proto, VirtualServer, VSKey
 from ipvsproxy.proxier import Proxier
+from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.render import describe
 from ipvsproxy.testing import FakeKernel
 from tests.factories import node, port, service
@@ -141,3 +144,34 @@ def test_the_record_lists_node_address_virtual_servers_only():
     kernel, host = FakeKernel(), FakeHost()
     assert ipvs_proxier(kernel, host).sync(services()).ok
     assert host.held()["IPVSPROXY-CREATED"] == {f"{NODE},tcp:2222", f"{NODE},tcp:22"}
+
+
+def test_the_record_reads_back_what_it_records_of_either_family_and_ignores_the_rest():
+    keys = [
+        VSKey(ip_address("192.168.0.10"), 2222, Proto.TCP),
+        VSKey(ip_address("fd00::10"), 53, Proto.UDP),
+        VSKey(ip_address("192.168.0.10"), 22, Proto.SCTP),
+    ]
+    entries: dict[str, set[str]] = {}
+    for key in keys:
+        name, entry = record_of(key)
+        entries.setdefault(name, set()).add(entry)
+    entries["IPVSPROXY-CREATED"] |= {"garbage", "10.0.0.1,icmp:0", "fd00::1,tcp:80", "1.2.3.4"}
+    state = SetState(
+        {
+            name: ("hash:ip,port", 6 if name.endswith("-6") else 4, frozenset(found))
+            for name, found in entries.items()
+        }
+    )
+    assert recorded(state) == frozenset(keys)
+    # a set of another type under the name is no record
+    assert recorded(SetState({"IPVSPROXY-CREATED": ("hash:ip", 4, frozenset())})) == frozenset()
+
+
+def test_a_recorded_virtual_server_is_claimed_at_any_port_but_never_past_the_exclusions():
+    key = VSKey(ip_address(NODE), 2222, Proto.TCP)
+    own = Ownership(nodeport_addresses=frozenset({key.address}))
+    assert not own.claims(key, frozenset())
+    assert replace(own, recorded={key}).claims(key, frozenset())
+    excluded = replace(own, recorded={key}, exclude_cidrs=(ip_network("192.168.0.0/24"),))
+    assert not excluded.claims(key, frozenset())
