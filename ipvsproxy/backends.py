@@ -20,7 +20,7 @@ import os
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ipvsproxy.config import Config
@@ -28,6 +28,7 @@ from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Un
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.nlread import SetReader
 from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.firewall.sets import recorded
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
@@ -353,14 +354,31 @@ def _iptables_cleanup(*, dry_run: bool) -> list[str]:
 
 def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
     """ipvsproxy's firewall rules and sets (first: they match IPVS VIPs), then its IPVS
-    table and dummy device (`ipvs_cleanup`)."""
-    return _firewall_cleanup(dry_run=dry_run) + ipvs_cleanup(config, dry_run=dry_run)
+    table and dummy device (`ipvs_cleanup`), with the virtual servers its record set
+    (IPVSPROXY-CREATED) lists, read before the sets go."""
+    recorded = _recorded()
+    return _firewall_cleanup(dry_run=dry_run) + ipvs_cleanup(
+        config, dry_run=dry_run, recorded=recorded
+    )
 
 
-def ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
+def _recorded() -> frozenset[VSKey]:
+    """The virtual servers ipvsproxy's record set lists (none when it cannot be read)."""
+    firewall = Firewall()
+    try:
+        firewall.check()
+        return recorded(firewall.observe_sets())
+    except KernelError as exc:
+        log.debug("no record of ipvsproxy's virtual servers: %s", exc)
+        return frozenset()
+
+
+def ipvs_cleanup(
+    config: Config, *, dry_run: bool, recorded: frozenset[VSKey] = frozenset()
+) -> list[str]:
     """The virtual servers the ownership rule gives the proxy of this node (as for any
     sync), with `config.dummy_device` and its VIPs. NodePort virtual servers are recognised
-    on this host's addresses."""
+    on this host's addresses; `recorded`: those ipvsproxy's record lists (rule 5)."""
     from ipvsproxy.netlink import NetlinkKernel
     from ipvsproxy.sync.render import describe
 
@@ -372,7 +390,7 @@ def ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
         return removed
     with kernel:
         observed = kernel.observe()
-        own = ownership_for(config, _host_addresses())
+        own = replace(ownership_for(config, _host_addresses()), recorded=recorded)
         ops = plan(EMPTY, observed, ownership=own)
         removed += [
             "IPVS: " + describe(op, {}, observed, config.dummy_device).command for op in ops

@@ -36,6 +36,8 @@ from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
+from ipvsproxy.firewall.sets import record_of
+from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
@@ -189,6 +191,8 @@ class Proxier:
     _ownership: Ownership | None = None
     _observed_once: bool = False
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
+    # made by ipvsproxy, as the kernel's record said at the last full observation
+    _recorded: frozenset[VSKey] = frozenset()
     _sets: SetIndex | None = None  # the firewall's sets, kept per virtual server
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
@@ -270,7 +274,9 @@ class Proxier:
     def ownership(self) -> Ownership:
         if self._ownership is None:
             addresses = self.node.addresses if self.node is not None else ()
-            self._ownership = replace(ownership_for(self.config, addresses), known=self._known)
+            self._ownership = replace(
+                ownership_for(self.config, addresses), known=self._known, recorded=self._recorded
+            )
         return self._ownership
 
     def families(self) -> set[int]:
@@ -331,6 +337,7 @@ class Proxier:
         return self.kernel.observe(), self.kernel.damage()
 
     def _plan_full(self, observation: _Observation) -> PassPlan:
+        self._read_record(observation)
         plan, desired = self._plan_ipvs(observation.ipvs, observation.repairs)
         if observation.firewall_error:
             return replace(plan, firewall_error=observation.firewall_error)
@@ -345,6 +352,20 @@ class Proxier:
             return replace(plan, firewall=wanted, firewall_seen=seen)
         except KernelError as exc:
             return replace(plan, firewall_error=str(exc))
+
+    def _read_record(self, observation: _Observation) -> None:
+        """What the kernel records as made by ipvsproxy (ownership rule 5), as a full
+        observation found it: the fallback's chains hold nothing else; with IPVS, the
+        firewall's CREATED sets (not readable this pass, or no firewall: no record, so
+        nothing more is claimed than the other rules give)."""
+        if isinstance(self.kernel, IptablesKernel):
+            recorded = frozenset(observation.ipvs.services)
+        elif observation.firewall is not None:
+            recorded = recorded_by(observation.firewall.sets)
+        else:
+            recorded = frozenset()
+        if recorded != self._recorded:
+            self._recorded, self._ownership = recorded, None
 
     def _plan_ipvs(self, observed: IpvsState, repairs: tuple[str, ...]) -> tuple[PassPlan, Desired]:
         desired = self.index.desired()
@@ -414,7 +435,7 @@ class Proxier:
         written = _Written(error=planned.firewall_error)
         forgotten = 0
         if self.firewall is not None:
-            written = self._timed_firewall(planned)
+            written = self._timed_firewall(_keeping_records(planned, result.report))
             started = self.clock()
             forgotten = forget_udp(self.firewall.commands, gone)
             written = replace(written, seconds=written.seconds + self.clock() - started)
@@ -537,6 +558,33 @@ def _reusing(contribution: Contribution, index: DesiredIndex) -> Contribution:
     if not shared:  # a new Service (every one in a first sync): nothing held to share
         return contribution
     return replace(contribution, entries=entries)
+
+
+def _keeping_records(planned: PassPlan, report: ApplyReport) -> PassPlan:
+    """The plan with the record entries (sets.CREATED) of the virtual servers whose deletion
+    the kernel refused kept: still there, they stay recorded as ipvsproxy's, so that a
+    restart still deletes them."""
+    plan = planned.firewall
+    if plan is None or report.ok:
+        return planned
+    keep: dict[str, set[str]] = {}
+    for failure in report.failures:
+        if isinstance(failure.op, DeleteService):
+            name, entry = record_of(failure.op.key)
+            keep.setdefault(name, set()).add(entry)
+    if not keep:
+        return planned
+    changes = []
+    for change in plan.sets:
+        held = keep.get(change.name, set()).intersection(change.delete)
+        if held:
+            change = replace(  # noqa: PLW2901 - the same change, those entries kept
+                change,
+                delete=tuple(e for e in change.delete if e not in held),
+                wanted=change.wanted | held,
+            )
+        changes.append(change)
+    return replace(planned, firewall=replace(plan, sets=tuple(changes)))
 
 
 def _applied(plan: Sequence[Op], failed: set[Op]) -> Sequence[Op]:

@@ -179,12 +179,13 @@ def test_cleanup_keeping_ipvs_removes_only_the_rules_and_sets(monkeypatch):
     calls: list[str] = []
 
     def recorder(name: str):
-        def remove(*args, dry_run):
+        def remove(*args, dry_run, **_):
             calls.append(name)
             return []
 
         return remove
 
+    monkeypatch.setattr(backends, "_recorded", frozenset)
     monkeypatch.setattr(backends, "_firewall_cleanup", recorder("fw"))
     monkeypatch.setattr(backends, "_iptables_cleanup", recorder("ipt"))
     monkeypatch.setattr(backends, "ipvs_cleanup", recorder("ipvs"))

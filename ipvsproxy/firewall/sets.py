@@ -17,6 +17,15 @@ these entries grow with the number of Services.
   LB-SOURCE      hash:ip,port,net  LB IP,proto:port,allowed range         filter
   SERVICE-PORTS  hash:ip,port      every VIP,proto:port                   accepted on VIPs
   VIPS           hash:ip           every VIP on the dummy device          other ports rejected
+  CREATED        hash:ip,port      every virtual server not on the        no rule: the record
+                                   dummy device (a node address),         of what ipvsproxy
+                                   proto:port                             created (ownership.py)
+
+CREATED is matched by no rule. It is the record, kept in the kernel (it survives a restart
+of the agent, and goes with the IPVS table when the node reboots), of the virtual servers
+ipvsproxy made on addresses it does not otherwise own: NodePorts and node-address
+externalIPs. A virtual server listed there is ipvsproxy's to delete at any port, across
+restarts (`recorded()`, read by the proxier before it plans a full pass).
 
 Imports: policy, sync.desired (Access), model, the standard library.
 """
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from ipaddress import ip_network
+from ipaddress import ip_address, ip_network
 
 from ipvsproxy.model import (
     IPAddress,
@@ -59,7 +68,18 @@ LB_FW = SetSpec("LB-FW", "hash:ip,port")
 LB_SOURCE = SetSpec("LB-SOURCE", "hash:ip,port,net")
 SERVICE_PORTS = SetSpec("SERVICE-PORTS", "hash:ip,port")
 VIPS = SetSpec("VIPS", "hash:ip")
-SPECS = (CLUSTER_IP, EXTERNAL_IP, NODE_PORT, LOOP_BACK, LB_FW, LB_SOURCE, SERVICE_PORTS, VIPS)
+CREATED = SetSpec("CREATED", "hash:ip,port")
+SPECS = (
+    CLUSTER_IP,
+    EXTERNAL_IP,
+    NODE_PORT,
+    LOOP_BACK,
+    LB_FW,
+    LB_SOURCE,
+    SERVICE_PORTS,
+    VIPS,
+    CREATED,
+)
 VERSIONS = (4, 6)
 # each set's name per IP version, looked up for every entry a full pass makes
 _NAMES = {version: {spec: spec.name(version) for spec in SPECS} for version in VERSIONS}
@@ -118,17 +138,24 @@ def entries_for(
         return frozenset()
     if policy is None:
         policy = frontend_policy(access, bound=bound)
-    return frozenset(_entries(key, policy, dests, local))
+    return frozenset(_entries(key, policy, dests, local, bound=bound))
 
 
 def _entries(
-    key: VSKey, policy: FrontendPolicy, dests: Iterable[RSKey], local: Container[IPAddress]
+    key: VSKey,
+    policy: FrontendPolicy,
+    dests: Iterable[RSKey],
+    local: Container[IPAddress],
+    *,
+    bound: bool,
 ) -> list[Entry]:
     """The set entries one virtual server contributes."""
     names = _NAMES[key.address.version]
     proto = _proto(key.proto)
     ip_port = f"{key.address},{proto}:{key.port}"
     out = []
+    if not bound:  # on an address that is not ipvsproxy's: recorded as its own
+        out.append(record_of(key))
     if policy.frontend is Frontend.CLUSTER_IP:
         out.append((names[CLUSTER_IP], ip_port))  # masqueraded as the node policy says
     elif policy.masquerade is Masquerade.ALWAYS:
@@ -147,6 +174,37 @@ def _entries(
             text = str(rs.address)
             out.append((names[LOOP_BACK], f"{text},{proto}:{rs.port},{text}"))
     return out
+
+
+def record_of(key: VSKey) -> Entry:
+    """The CREATED entry that records a virtual server as ipvsproxy's."""
+    return _NAMES[key.address.version][CREATED], f"{key.address},{_proto(key.proto)}:{key.port}"
+
+
+def recorded(state: SetState) -> frozenset[VSKey]:
+    """The virtual servers the CREATED sets list (both families): those ipvsproxy made on
+    addresses not its own. An entry that does not parse (written by someone else) is no
+    record."""
+    keys = set()
+    for version in VERSIONS:
+        found = state.sets.get(CREATED.name(version))
+        if found is None or found[0] != CREATED.kind:
+            continue
+        for entry in found[2]:
+            key = _key_of(entry)
+            if key is not None and key.address.version == version:
+                keys.add(key)
+    return frozenset(keys)
+
+
+def _key_of(entry: str) -> VSKey | None:
+    """`ADDRESS,PROTO:PORT` (as `ipset save` prints a hash:ip,port entry) as a key."""
+    address, _, proto_port = entry.rpartition(",")
+    proto, _, number = proto_port.partition(":")
+    try:
+        return VSKey(ip_address(address), int(number), Proto[proto.upper()])
+    except (KeyError, ValueError):
+        return None
 
 
 def _splittable(net: IPNetwork) -> list[IPNetwork]:

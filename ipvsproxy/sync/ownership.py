@@ -11,7 +11,15 @@ when all of these hold:
      c. its address is one of this node's NodePort addresses and its port is inside
         `--service-node-port-range` (default 30000-32767).
   4. or this process wanted it earlier (`known`): a NodePort on an address the node has
-     since lost is still ipvsproxy's to delete.
+     since lost is still ipvsproxy's to delete;
+  5. or ipvsproxy's record in the kernel lists it (`recorded`): with IPVS, the
+     IPVSPROXY-CREATED ipsets (firewall/sets.py), where every virtual server ipvsproxy
+     makes on an address not on its dummy device (a node address: NodePorts, node-address
+     externalIPs) is written in the pass that makes it and removed in the pass that deletes
+     it; with the iptables fallback, its own chains, which hold nothing but what it wrote.
+     So a node-address virtual server goes with its Service at any port, also after a
+     restart, and one that ipvsproxy did not make is never claimed for being on a node
+     address (outside the NodePort range of rule 3c).
 Everything else (keepalived's VIPs, an administrator's `ipvsadm -A`, fwmark services) is
 foreign: never updated, never deleted, destinations never touched.
 
@@ -34,6 +42,7 @@ class Ownership:
     nodeport_addresses: frozenset[IPAddress] = frozenset()
     nodeport_range: tuple[int, int] = (30000, 32767)
     known: Container[VSKey] = frozenset()  # virtual servers this process has wanted
+    recorded: Container[VSKey] = frozenset()  # listed in the kernel as made by ipvsproxy
 
     def claims(self, key: VSKey, bound: frozenset[IPAddress]) -> bool:
         """Whether an existing virtual server that is not desired is ipvsproxy's to delete."""
@@ -42,6 +51,7 @@ class Ownership:
             return False
         if (
             key in self.known
+            or key in self.recorded
             or address in bound
             or any(address in net for net in self.service_cidrs)
         ):

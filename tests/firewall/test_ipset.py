@@ -63,9 +63,11 @@ def test_a_set_too_small_for_what_is_wanted_is_rebuilt_bigger_and_swapped_in():
     assert len(script) == 2 + 40_000 + 2
     assert script[-2:] == [f"swap {name}-T {name}", f"destroy {name}-T"]
     assert ("~", f"ipset rebuild {name} maxelem 131072") in plan.describe()
-    # once big enough, nothing more to do
+    # once big enough, nothing more to do (to this set: IPVSPROXY-CREATED, empty here, has
+    # the same entries to take)
     bigger = SetState(observed.sets, {name: 131072})
-    assert not [c for c in plan_firewall(want, Observed(bigger, {}), Options()).sets]
+    assert not [c for c in plan_firewall(want, Observed(bigger, {}), Options()).sets
+                if c.name == name]  # fmt: skip
 
 
 def test_new_sets_are_created_sized_to_their_content():

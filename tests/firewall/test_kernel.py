@@ -331,7 +331,7 @@ def test_write_sets_is_one_ipset_restore_and_nothing_else():
     assert args == ["ipset", "restore", "-exist"]
     assert script is not None
     assert "add IPVSPROXY-CLUSTER-IP 10.96.0.1,6:80\n" in script
-    assert written == 8 + 3  # 8 IPv4 sets created, 3 entries (CLUSTER-IP, SERVICE-PORTS, VIPS)
+    assert written == 9 + 3  # 9 IPv4 sets created, 3 entries (CLUSTER-IP, SERVICE-PORTS, VIPS)
     commands.ran.clear()
     assert Firewall(commands=commands).write_sets(index.take()) == 0  # type: ignore[arg-type]
     assert commands.ran == []  # nothing changed: no process
