@@ -28,9 +28,16 @@ from dataclasses import dataclass
 from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
-from ipvsproxy.iptables.rules import FILTER_JUMPS, filter_ruleset, sanitise
+from ipvsproxy.iptables.rules import FILTER_JUMPS, Ruleset, filter_ruleset, owned_filter, sanitise
 from ipvsproxy.iptables.table import Table
-from ipvsproxy.iptables.transaction import damage, patch, removal, transaction
+from ipvsproxy.iptables.transaction import (
+    blocked,
+    conflicts,
+    damage,
+    patch,
+    removal,
+    transaction,
+)
 from ipvsproxy.kernel import ApplyReport, Failure
 from ipvsproxy.model import (
     AddDest,
@@ -125,6 +132,7 @@ class IptablesKernel:
         self._repair: dict[int, Saved] = {}  # damaged families, as observed
         self._damage: tuple[str, ...] = ()
         self._warned: set[str] = set()
+        self._conflicts: dict[int, str] = {}  # per family, the conflict last warned about
         # per family, the filter-table restore that makes IPVSPX-FORWARD and its jump right
         # ("" = they are); None until an observe() read the filter table
         self._forward: dict[int, str] | None = None
@@ -180,6 +188,9 @@ class IptablesKernel:
         last = self._table
         if last is not None:  # an access changed without an operation: compare with it
             last.set_access(self._lookup(last.services), now=True)
+        if last is not None:
+            for version, seen in saved.items():
+                self._conflict(version, seen, last.ruleset(version))
         if last is not None and not any(damage(saved[v], last.ruleset(v)) for v in saved):
             # The chains are exactly what the last state renders to, and rendering reads
             # back exactly (tests/iptables): no need to decode or render them again.
@@ -193,6 +204,8 @@ class IptablesKernel:
             bound=frozenset(a for s, _ in states for a in s.bound),
         )
         table = Table(state, names, access=self._lookup(state.services), node=self.node)
+        for version in self._families:
+            self._conflict(version, saved[version], table.ruleset(version))
         found = {v: damage(saved[v], table.ruleset(v)) for v in self._families}
         self._table = table
         self._repair = {v: saved[v] for v in self._families if found[v]}
@@ -238,6 +251,7 @@ class IptablesKernel:
                 parse_save(
                     texts[version, "filter"] if texts else self._save(version, "filter"),
                     table="filter",
+                    owns=owned_filter,
                 ),
                 filter_ruleset(self.node),
                 table="filter",
@@ -286,13 +300,14 @@ class IptablesKernel:
         self._warn(done, table.names)
         changes = table.changes()
         for version in self._families:
-            if version in self._repair:
+            whole = version in self._repair
+            if whole:
                 payload = transaction(self._repair[version], table.ruleset(version))
             else:
                 payload = patch(changes.get(version, {}))
             try:
                 if payload:
-                    self._restore(version, payload)
+                    self._write(version, payload, table, whole=whole)
             except KernelError as exc:
                 self._table = None  # unknown now: read again before the next apply
                 failed = [op for op in done if _version(op) == version]
@@ -310,6 +325,33 @@ class IptablesKernel:
             self._repair, self._damage = {}, ()
         return ApplyReport(applied=len(done), failures=tuple(failures))
 
+    def _write(self, version: int, payload: str, table: Table, *, whole: bool) -> None:
+        """One family's restore. A partial write the tool refuses may be blocked by someone
+        else's rule (one jumping into a chain of ours it deletes): the family is then read
+        again and written whole, what blocks isolated (`transaction.blocked()`: the chain
+        emptied and kept), so the rest of the pass still goes in. KernelError when the
+        tool refuses that too."""
+        try:
+            self._restore(version, payload)
+        except KernelError:
+            if whole:
+                raise
+            saved = parse_save(self._save(version))
+            wanted = table.ruleset(version)
+            self._conflict(version, saved, wanted)
+            payload = transaction(saved, wanted)
+            if payload:
+                self._restore(version, payload)
+
+    def _conflict(self, version: int, saved: Saved, wanted: Ruleset) -> None:
+        """Name, in one warning, the chains of ours that rules of others keep alive (once
+        per change: not on every pass)."""
+        text = conflicts(blocked(saved, wanted))
+        if text and self._conflicts.get(version) != text:
+            log.warning("IPv%d nat: rules of others jump into ipvsproxy's chains: %s; the "
+                        "chains go once those rules do", version, text)  # fmt: skip
+        self._conflicts[version] = text
+
     # ---- beyond the interface ---------------------------------------------------------------
 
     def cleanup(self, *, dry_run: bool = False) -> list[str]:
@@ -323,7 +365,7 @@ class IptablesKernel:
             payload = removal(saved)
             if payload and not dry_run:
                 self._restore(version, payload)
-            saved = parse_save(self._save(version, "filter"), table="filter")
+            saved = parse_save(self._save(version, "filter"), table="filter", owns=owned_filter)
             removed += [f"IPv{version} filter: rule -A {c} {spec}" for c, spec in saved.jumps]
             removed += [f"IPv{version} filter: chain {c}" for c in sorted(saved.chains)]
             payload = removal(saved, table="filter")

@@ -90,7 +90,7 @@ def test_binding_a_vip_rewrites_the_masquerade_of_its_services_only():
 
 def test_a_refused_restore_fails_its_ops_and_the_next_apply_reads_again():
     kernel, commands = loaded()
-    commands.fail.add("iptables-restore")
+    commands.refusals["iptables-restore"] = 2  # the write, and the whole one after a re-read
     report = kernel.apply([UpdateDest(KEYS[0], replace(RS[0], weight=3))])
     assert [f.op for f in report.failures] == [UpdateDest(KEYS[0], replace(RS[0], weight=3))]
     commands.calls.clear()
@@ -103,7 +103,7 @@ def test_damage_is_found_by_a_full_observation_and_repaired_by_the_next_apply():
     kernel, commands = loaded()
     good = commands.save(4)
     commands.tables[4][svc_chain(KEYS[1])].pop()  # a rule deleted behind our back
-    commands.tables[4]["IPVSPX-SEP-STRAYSTRAYSTRAY"] = []  # a chain an old version left
+    commands.tables[4]["IPVSPX-SEP-STRAYSTRAYSTRAYS"] = []  # a chain an old version left
     kernel.apply([])  # a partial sync does not look
     assert commands.save(4) != good
     kernel.observe()
