@@ -260,19 +260,22 @@ class IptablesKernel:
             for version in self._families
         }
 
-    def _write_forward(self) -> None:
-        """Write what `_observe_forward()` found missing (nothing when the chain is right)."""
+    def _write_forward(self) -> list[KernelError]:
+        """Write what `_observe_forward()` found missing (nothing when the chain is right);
+        the restores refused (the pass's caller says so, once)."""
         if self._forward is None:
             self._observe_forward()
         assert self._forward is not None
+        refused: list[KernelError] = []
         for version, payload in self._forward.items():
             if payload:
                 try:
                     self._restore(version, payload)
                 except KernelError as exc:
-                    log.error("IPv%d: IPVSPX-FORWARD could not be written (%s)", version, exc)
+                    refused.append(exc)
                     continue
                 self._forward[version] = ""
+        return refused
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         return {}
@@ -288,6 +291,7 @@ class IptablesKernel:
         assert table is not None
         done: list[Op] = []
         failures: list[Failure] = []
+        refused: list[KernelError] = []
         for op in plan:
             try:
                 self._supported(op)
@@ -313,17 +317,11 @@ class IptablesKernel:
                 failed = [op for op in done if _version(op) == version]
                 failures += [Failure(op, exc) for op in failed]
                 done = [op for op in done if op not in failed]
-                if not failed:  # a repair or a policy change alone: no operation to fail
-                    log.error(
-                        "IPv%d: ipvsproxy's chains could not be rewritten (%s); the next "
-                        "full sync reads them again and retries",
-                        version,
-                        exc,
-                    )
-        self._write_forward()
+                refused.append(exc)  # the pass failed: said once, by its caller
+        refused += self._write_forward()
         if self._table is not None:
             self._repair, self._damage = {}, ()
-        return ApplyReport(applied=len(done), failures=tuple(failures))
+        return ApplyReport(len(done), tuple(failures), tuple(refused))
 
     def _write(self, version: int, payload: str, table: Table, *, whole: bool) -> None:
         """One family's restore. A partial write the tool refuses may be blocked by someone
