@@ -324,18 +324,22 @@ class IptablesKernel:
         return ApplyReport(len(done), tuple(failures), tuple(refused))
 
     def _write(self, version: int, payload: str, table: Table, *, whole: bool) -> None:
-        """One family's restore. A partial write the tool refuses may be blocked by someone
-        else's rule (one jumping into a chain of ours it deletes): the family is then read
-        again and written whole, what blocks isolated (`transaction.blocked()`: the chain
-        emptied and kept), so the rest of the pass still goes in. KernelError when the
-        tool refuses that too."""
+        """One family's restore. A partial write that deletes a chain and is refused may be
+        blocked by someone else's rule jumping into that chain: the family is then read
+        again (`iptables-save`, which takes no lock), and if such a rule is there it is
+        written whole, what blocks isolated (`transaction.blocked()`: the chain emptied
+        and kept), so the rest of the pass still goes in. Any other refusal (a held
+        xtables lock: its wait stays bounded) is not retried here. KernelError when the
+        tool refuses."""
         try:
             self._restore(version, payload)
         except KernelError:
-            if whole:
+            if whole or "\n-X " not in payload:
                 raise
             saved = parse_save(self._save(version))
             wanted = table.ruleset(version)
+            if not blocked(saved, wanted):
+                raise
             self._conflict(version, saved, wanted)
             payload = transaction(saved, wanted)
             if payload:

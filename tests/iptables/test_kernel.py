@@ -90,7 +90,7 @@ def test_binding_a_vip_rewrites_the_masquerade_of_its_services_only():
 
 def test_a_refused_restore_fails_its_ops_and_the_next_apply_reads_again():
     kernel, commands = loaded()
-    commands.refusals["iptables-restore"] = 2  # the write, and the whole one after a re-read
+    commands.fail.add("iptables-restore")
     report = kernel.apply([UpdateDest(KEYS[0], replace(RS[0], weight=3))])
     assert [f.op for f in report.failures] == [UpdateDest(KEYS[0], replace(RS[0], weight=3))]
     commands.calls.clear()
