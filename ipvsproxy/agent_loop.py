@@ -150,12 +150,7 @@ class AgentLoop:
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         for version in restore_failures:
             self._metrics.restore_failed(version)
-        if result.firewall_error:
-            log.error("firewall rules: %s", result.firewall_error)
-        else:
-            # Health is kube-proxy's: the loop is alive and completes passes. A refused
-            # operation is a metric, a log line and a retry, never the node's health.
-            self._health.updated()
+        failed = self._health_after(result)
         if self._service_health is not None:
             self._service_health.sync(self.proxier.health_checks, self._listen_on())
         self._log_failures(result)
@@ -183,7 +178,26 @@ class AgentLoop:
         self.last = result
         if result.full:  # the period counts from its end, as the runner's does
             self._last_full = self._clock()
-        self._retry(failed=bool(result.firewall_error), draining=result.sync.draining > 0)
+        if result.transaction_error:
+            self.request_full()  # what the kernel holds is unknown
+        self._retry(failed=failed, draining=result.sync.draining > 0)
+
+    def _health_after(self, result: PassResult) -> bool:
+        """Health is kube-proxy's: the loop is alive and completes passes. A refused
+        operation is a metric, a log line and a retry, never the node's health; a pass
+        whose firewall step failed or whose transaction the backend refused whole (nothing
+        of it written) did not complete: said once, with its cause, and /healthz is not
+        refreshed. Whether the pass failed so."""
+        refused = result.transaction_error
+        if result.firewall_error:
+            log.error("firewall rules: %s", result.firewall_error)
+        if refused:
+            log.error("sync failed: the backend refused the pass, nothing of it was written: %s",
+                      refused, extra={"error": refused})  # fmt: skip
+        if result.firewall_error or refused:
+            return True
+        self._health.updated()
+        return False
 
     def _listen_on(self) -> tuple[IPAddress, ...]:
         """Where health-check node ports listen: kube-proxy's nodePortAddresses when they
@@ -208,14 +222,18 @@ class AgentLoop:
 
     def _log_failures(self, result: PassResult) -> None:
         """One line per failing object per change of its error (not one per pass while
-        it backs off), and one when it recovers. Failures sharing one error (a refused
-        iptables-restore fails every object it carried: 140,000 at 10,000 Services) are
-        named up to SAME_ERROR_LINES times, then counted in one line."""
+        it backs off), and one when it recovers. Failures sharing one error are named up
+        to SAME_ERROR_LINES times, then counted in one line. Those of a transaction refused
+        whole (an iptables-restore fails every object it carried: 140,000 at 10,000
+        Services) are not named at all: the pass failed, and `_completed()` says why."""
         same: Counter[str] = Counter()
+        whole = {id(error) for error in result.sync.report.refused}
         for failure in result.sync.report.failures:
             what = _object_of(failure.op)
-            if touched((failure.op,))[0] & result.refused:
-                continue  # warned about as a refusal, served plainer at once
+            if touched((failure.op,))[0] & result.refused or id(failure.error) in whole:
+                # warned about as a refusal (served plainer at once), or the pass failed
+                # whole (said once, with its cause)
+                continue
             text = str(failure.error)
             if self._logged.get(what) != text:
                 self._logged[what] = text
@@ -261,7 +279,8 @@ class AgentLoop:
     def _retry(self, *, failed: bool, draining: bool = False) -> None:
         """Ask the runner for an early pass: when the first failing virtual server is due
         again (proxier backoff: 1, 2, 4, ... s, at most the sync period), after a failed
-        firewall step (the same doubling), or in a second while endpoints drain."""
+        firewall step or a transaction refused whole (the same doubling), or in a second
+        while endpoints drain."""
         self._failed_passes = self._failed_passes + 1 if failed else 0
         if self.runner is None:
             return

@@ -191,7 +191,7 @@ class FailClosed:
                 log.warning("%s", why)
             refused.append(Failure(op, Unsupported(why)))
         report = self.kernel.apply(allowed, names=names) if allowed else ApplyReport()
-        return ApplyReport(report.applied, (*report.failures, *refused))
+        return ApplyReport(report.applied, (*report.failures, *refused), report.refused)
 
 
 def prepare(backend: Backend, config: Config) -> None:

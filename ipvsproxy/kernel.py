@@ -35,6 +35,9 @@ class ApplyReport:
 
     applied: int = 0
     failures: tuple[Failure, ...] = ()
+    # backend transactions refused as a whole (nothing of each written: the fallback's
+    # iptables-restore), whether or not they carried operations (a repair alone carries none)
+    refused: tuple[KernelError, ...] = ()
 
     @property
     def ok(self) -> bool:

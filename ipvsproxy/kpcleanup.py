@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import shutil
 
 from ipvsproxy import backends
@@ -67,21 +66,11 @@ def cleanup_kube_proxy(
     return removed
 
 
-def selected(saved: Saved, table: str) -> Saved:
-    """Of the KUBE-* chains of one table (`parse_save(..., prefix="KUBE-")`), kube-proxy's
-    IPVS mode's, and every rule elsewhere that jumps into one of them."""
-    doomed = {name: rules for name, rules in saved.chains.items() if name in CHAINS[table]}
-    target = re.compile(r"-[jg] (\S+)")
-
-    def into(spec: str) -> bool:
-        found = target.search(spec)
-        return found is not None and found.group(1) in doomed
-
-    jumps = [(chain, spec) for chain, spec in saved.jumps if into(spec)]
-    for chain, rules in saved.chains.items():  # other KUBE-* chains' rules into them
-        if chain not in doomed:
-            jumps += [(chain, r.split(" ", 2)[2]) for r in rules if into(r.split(" ", 2)[2])]
-    return Saved(doomed, tuple(jumps))
+def selected(text: str, table: str) -> Saved:
+    """Of one table of `iptables-save` output, kube-proxy's IPVS mode's chains (exact names)
+    and every rule elsewhere whose target (read by tokens: a comment naming a chain is no
+    jump) is one of them."""
+    return parse_save(text, table=table, owns=frozenset(CHAINS[table]).__contains__)
 
 
 def _chains(commands: Commands, *, dry_run: bool) -> list[str]:
@@ -95,7 +84,7 @@ def _chains(commands: Commands, *, dry_run: bool) -> list[str]:
             except KernelError as exc:
                 log.debug("cleanup: no IPv%d %s table: %s", version, table, exc)
                 continue
-            saved = selected(parse_save(text, table=table, prefix="KUBE-"), table)
+            saved = selected(text, table)
             tool = "iptables" if version == 4 else "ip6tables"
             removed += [f"{tool} -t {table}: rule -A {c} {spec}" for c, spec in saved.jumps]
             removed += [f"{tool} -t {table}: chain {c}" for c in sorted(saved.chains)]

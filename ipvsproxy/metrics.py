@@ -272,9 +272,10 @@ class Metrics:
         restored: bool = True,
     ) -> None:
         """Record one completed sync pass (its whole duration, firewall rules included).
-        `restored=False`: its firewall rules (or the fallback's) were not written; as
-        kube-proxy's syncProxyRules returning after a failed iptables-restore, the pass
-        then sets no last-sync time and observes no programming latency."""
+        `restored=False`: its firewall rules (or the fallback's) were not written (a
+        transaction refused as a whole); as kube-proxy's syncProxyRules returning after a
+        failed iptables-restore, the pass then sets no last-sync time and observes no
+        programming latency, and it counts as a sync error (`result="error"`)."""
         self._observe(seconds, full=full)
         attempted = Tally(type(op).__name__ for op in plan)
         failed = Tally(type(f.op).__name__ for f in report.failures)
@@ -283,7 +284,7 @@ class Metrics:
                 self.operations.labels(kind, "ok").inc(count - failed[kind])
             if failed[kind]:
                 self.operations.labels(kind, "error").inc(failed[kind])
-        self.syncs.labels("ok" if report.ok and restored else "failed").inc()
+        self.syncs.labels("error" if not restored else "ok" if report.ok else "failed").inc()
         self.virtual_servers.set(virtual_servers)
         self.real_servers.set(real_servers)
         self.draining.set(draining)

@@ -169,6 +169,13 @@ class PassResult:
     def ok(self) -> bool:
         return self.sync.report.ok and not self.firewall_error
 
+    @property
+    def transaction_error(self) -> str:
+        """Why the backend refused a transaction of this pass as a whole (the fallback's
+        iptables-restore: nothing of it written), or "" when none was: such a pass failed,
+        however many operations it carried (none, for a repair)."""
+        return "; ".join(dict.fromkeys(str(error) for error in self.sync.report.refused))
+
 
 @dataclass
 class Proxier:
@@ -440,9 +447,9 @@ class Proxier:
             forgotten = forget_udp(self.firewall.commands, gone)
             written = replace(written, seconds=written.seconds + self.clock() - started)
         restores = {  # one failed run fails every operation it carried: counted once
-            id(f.error): f.error.version
-            for f in result.report.failures
-            if isinstance(f.error, RestoreFailed)
+            id(error): error.version
+            for error in (*(f.error for f in result.report.failures), *result.report.refused)
+            if isinstance(error, RestoreFailed)
         }
         return PassResult(
             planned.full,

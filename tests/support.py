@@ -25,6 +25,7 @@ from ipvsproxy.agent_loop import AgentLoop
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.iptables import Commands
+from ipvsproxy.iptables.parse import target
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.netlink import codec
 from ipvsproxy.proxier import PassResult, Proxier
@@ -274,6 +275,7 @@ class FakeIptables(Commands):
     )
     calls: list[tuple[str, str]] = field(default_factory=list)  # (tool, payload)
     fail: set[str] = field(default_factory=set)  # tools that refuse (once each)
+    refusals: dict[str, int] = field(default_factory=dict)  # tool -> times it refuses in a row
     argv: list[tuple[str, ...]] = field(default_factory=list)  # every command line run
 
     def run(self, args, *, stdin=None) -> str:
@@ -282,6 +284,9 @@ class FakeIptables(Commands):
         self.argv.append(tuple(args))
         if tool in self.fail:
             self.fail.discard(tool)
+            raise KernelError(f"{tool} failed: scripted")
+        if self.refusals.get(tool):
+            self.refusals[tool] -= 1
             raise KernelError(f"{tool} failed: scripted")
         if tool in SAVE:
             table = args[args.index("-t") + 1] if "-t" in args else "nat"
@@ -323,9 +328,9 @@ class FakeIptables(Commands):
             elif verb == "-D":
                 chains[chain].remove(spec)
             elif verb == "-X":
-                referenced = any(f"-j {chain}" in r.split() or r.endswith(f"-j {chain}")
-                                 for rules in chains.values() for r in rules)  # fmt: skip
-                assert not referenced, f"-X {chain} while still referenced"
+                referenced = any(target(r) == chain for rules in chains.values() for r in rules)
+                if referenced:  # as the kernel: the whole transaction is refused
+                    raise KernelError(f"iptables-restore failed: CHAIN_DEL {chain} busy")
                 del chains[chain]
             else:
                 raise AssertionError(f"unexpected restore line {line!r}")
@@ -333,9 +338,9 @@ class FakeIptables(Commands):
 
     @staticmethod
     def _jump_target_exists(chains: dict[str, list[str]], spec: str) -> None:
-        target = f" {spec}".rpartition(" -j ")[2].split(" ", 1)[0]
-        if target.startswith("IPVSPX-"):
-            assert target in chains, f"jump to {target} before it exists"
+        into = target(spec)
+        if into.startswith("IPVSPX-"):
+            assert into in chains, f"jump to {into} before it exists"
 
     def tools(self) -> list[str]:
         return [tool for tool, _ in self.calls]

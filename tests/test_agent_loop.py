@@ -294,7 +294,7 @@ def test_a_pass_whose_restore_failed_is_timed_but_sets_no_last_sync_time(monkeyp
     assert sample(agent.metrics, duration, ip_family="IPv4") == 1
     last = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
     assert sample(agent.metrics, last, ip_family="IPv4") == 0
-    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="failed") == 1
+    assert sample(agent.metrics, "ipvsproxy_syncs_total", result="error") == 1  # refused whole
     monkeypatch.setattr(agent.sync.proxier, "apply", apply)  # the next pass restores
     agent.feed(service("web"), web_slice("10.244.0.2"))
     agent.sync()

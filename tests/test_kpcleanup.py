@@ -3,7 +3,6 @@ integration/netns/test_kpcleanup.py and integration/ipvs/test_kpcleanup.py)."""
 
 from __future__ import annotations
 
-from ipvsproxy.iptables.parse import parse_save
 from ipvsproxy.kpcleanup import ALL_SETS, selected
 
 SAVE = """*nat
@@ -22,7 +21,7 @@ COMMIT
 
 
 def test_kube_proxys_ipvs_chains_and_every_jump_into_them():
-    saved = selected(parse_save(SAVE, table="nat", prefix="KUBE-"), "nat")
+    saved = selected(SAVE, "nat")
     assert set(saved.chains) == {"KUBE-SERVICES", "KUBE-MARK-MASQ"}
     assert set(saved.jumps) == {
         ("PREROUTING", '-m comment --comment "kubernetes service portals" -j KUBE-SERVICES'),

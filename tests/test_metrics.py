@@ -303,7 +303,7 @@ def test_a_pass_whose_rules_were_not_restored_sets_no_sync_time_and_no_latency()
     assert sample(metrics, last, ip_family="IPv4") == 0
     assert sample(metrics, latency, ip_family="IPv4") == 0
     assert sample(metrics, "kubeproxy_sync_proxy_rules_duration_seconds_sum", ip_family="IPv4") == 2
-    assert sample(metrics, "ipvsproxy_syncs_total", result="failed") == 1
+    assert sample(metrics, "ipvsproxy_syncs_total", result="error") == 1  # refused whole
     metrics.synced(seconds=1.0, **pass_)  # type: ignore[arg-type]
     assert sample(metrics, last, ip_family="IPv4") == now[0]
     assert sample(metrics, latency, ip_family="IPv4") == 1

@@ -25,7 +25,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.iptables import Commands, IptablesKernel
 from ipvsproxy.iptables.kernel import restore_argv
 from ipvsproxy.iptables.parse import parse_save
-from ipvsproxy.iptables.rules import FILTER_JUMPS, FORWARD, filter_ruleset
+from ipvsproxy.iptables.rules import FILTER_JUMPS, FORWARD, filter_ruleset, owned_filter
 from ipvsproxy.iptables.transaction import removal, transaction
 from ipvsproxy.policy import node_policy
 from ipvsproxy.proxier import Proxier
@@ -132,7 +132,7 @@ def test_the_node_s_connection_to_a_cluster_ip_leaves_from_a_node_address(lab):
 
 def install_forward_chain() -> None:
     """IPVSPX-FORWARD as the fallback writes it: the same transaction, in the filter table."""
-    saved = parse_save(in_node("iptables-save", "-t", "filter"), table="filter")
+    saved = parse_save(in_node("iptables-save", "-t", "filter"), table="filter", owns=owned_filter)
     payload = transaction(saved, filter_ruleset(node_policy(PODS)), table="filter",
                           jumps=FILTER_JUMPS)  # fmt: skip
     subprocess.run(
@@ -163,7 +163,7 @@ def test_the_forward_chain_lets_a_client_through_a_drop_policy(lab, drop_policy)
         assert alive(sock)
         assert alive(sock)
     # the filter rules are ipvsproxy's alone, and cleanup removes the chain and its jump
-    chains = parse_save(in_node("iptables-save", "-t", "filter"), table="filter")
+    chains = parse_save(in_node("iptables-save", "-t", "filter"), table="filter", owns=owned_filter)
     assert set(chains.chains) == {FORWARD}
     assert len(chains.jumps) == 1
     subprocess.run(

@@ -98,7 +98,7 @@ def test_sets_are_decoded_again_only_when_their_dump_changed(
         return real(data)
 
     monkeypatch.setattr(nlread, "decode_entry", counting)
-    name = "IPVSPROXY-TEST"
+    name = "IPVSPROXY-CLUSTER-IP"  # one of ipvsproxy's names: only those are read
     in_ns(netns, "ipset", "create", name, "hash:ip,port")
     script = "".join(f"add {name} 10.0.0.{port % 7},tcp:{port}\n" for port in range(100))
     subprocess.run(

@@ -24,12 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ipvsproxy.firewall.sets import SET_PREFIX, SetState
+from ipvsproxy.firewall.sets import OWNED_SETS, TEMPORARY, SetState
 
 BULK = 64  # more changes than this to one set: build a temporary set and swap it in
 DEFAULT_MAXELEM = 65536  # ipset's default capacity
 DEFAULT_HASHSIZE = 1024  # ipset's default initial number of buckets
-TEMPORARY = "-T"  # suffix of the set a swap fills
 PROTOCOL_NUMBERS = {"tcp": 6, "udp": 17, "sctp": 132}  # IANA, as in /etc/protocols
 
 
@@ -181,14 +180,14 @@ def parse_headers(text: str) -> dict[str, Header]:
             options = dict(zip(words[::2], words[1::2], strict=False))
             version = 6 if options.get("family") == "inet6" else 4
             maxelem = int(options.get("maxelem", DEFAULT_MAXELEM))
-        elif key == "Number of entries" and name.startswith(SET_PREFIX):
+        elif key == "Number of entries" and name in OWNED_SETS:
             found[name] = (kind, version, maxelem, int(value))
     return found
 
 
 def parse_names(text: str) -> list[str]:
-    """ipvsproxy's set names (prefix `IPVSPROXY-`) from `ipset list -n`."""
-    return [name for name in text.split() if name.startswith(SET_PREFIX)]
+    """ipvsproxy's set names (exactly `sets.OWNED_SETS`) from `ipset list -n`."""
+    return [name for name in text.split() if name in OWNED_SETS]
 
 
 def save_script(names: Iterable[str]) -> str:
@@ -197,12 +196,12 @@ def save_script(names: Iterable[str]) -> str:
 
 
 def parse_ipset_save(text: str) -> SetState:
-    """ipvsproxy's sets (name prefix `IPVSPROXY-`) from `ipset save`, with their maxelem."""
+    """ipvsproxy's sets (exactly `sets.OWNED_SETS`) from `ipset save`, with their maxelem."""
     sets: dict[str, tuple[str, int, set[str]]] = {}
     maxelem: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) < 3 or not parts[1].startswith(SET_PREFIX):
+        if len(parts) < 3 or parts[1] not in OWNED_SETS:
             continue
         if parts[0] == "create":
             version = 6 if "inet6" in parts[3:5] else 4

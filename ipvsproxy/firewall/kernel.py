@@ -1,7 +1,7 @@
 """The firewall rules and ipsets on the live host: observe, plan, apply, clean up.
 
 Owns: `Firewall` (reads ipvsproxy's sets over netlink with a `SetReader`, else by name:
-`ipset list -n`, then one `ipset restore` of `save NAME` lines for the `IPVSPROXY-*` ones
+`ipset list -n`, then one `ipset restore` of `save NAME` lines for ipvsproxy's own (exact names)
 only, never other agents' sets; its chains with
 `iptables-save`; writes set changes over netlink with a `SetWriter`, else as one
 `ipset restore` batch and chain changes as one
@@ -49,7 +49,7 @@ from ipvsproxy.firewall.ipset import (
 )
 from ipvsproxy.firewall.nlread import SetReader
 from ipvsproxy.firewall.nlwrite import SetWriter
-from ipvsproxy.firewall.rules import FILTER_JUMPS, NAT_JUMPS, PREFIX, Options, render
+from ipvsproxy.firewall.rules import FILTER_JUMPS, NAT_JUMPS, OWNED, Options, render
 from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
@@ -210,7 +210,9 @@ class Firewall:
             for table in TABLES:
                 text = self.commands.run([TOOLS[version][0], "-t", table])
                 nft = nft and "(nf_tables)" in text[: text.find("\n") + 1]
-                chains[version, table] = parse_save(text, table=table, prefix=PREFIX)
+                chains[version, table] = parse_save(
+                    text, table=table, owns=OWNED[table].__contains__
+                )
         self._chains = (generation, chains) if generation is not None and nft else None
         return chains
 

@@ -1,6 +1,6 @@
 """ipvsproxy's ipsets read over netfilter netlink: no process, no libc lookup per entry.
 
-Owns: `SetReader` (names, then one dump per `IPVSPROXY-*` set, decoded into the text
+Owns: `SetReader` (names, then one dump per set of `sets.OWNED_SETS`, decoded into the text
 `ipset save` prints, so observed and wanted sets still compare as text) and `decode_entry()`.
 
 Why not `ipset save`: it prints each entry's protocol through getprotobynumber(), which opens
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv6Address
 
 from ipvsproxy.errors import KernelError
-from ipvsproxy.firewall.sets import SET_PREFIX, SetState
+from ipvsproxy.firewall.sets import OWNED_SETS, SetState
 from ipvsproxy.netlink import codec
 from ipvsproxy.netlink.nlsocket import NetlinkSocket, Request
 
@@ -134,8 +134,8 @@ class SetReader(IpsetSocket):
         self._decoded: dict[str, tuple[tuple[bytes, ...], frozenset[str]]] = {}
 
     def observe(self) -> SetState:
-        """ipvsproxy's sets (name prefix `IPVSPROXY-`): type, family, maxelem, entries."""
-        names = [n for n in self.names() if n.startswith(SET_PREFIX)]
+        """ipvsproxy's sets (exactly `sets.OWNED_SETS`): type, family, maxelem, entries."""
+        names = [n for n in self.names() if n in OWNED_SETS]
         sets: dict[str, tuple[str, int, frozenset[str]]] = {}
         maxelem: dict[str, int] = {}
         for name in names:

@@ -49,7 +49,16 @@ from ipvsproxy.firewall.sets import (
 from ipvsproxy.iptables.rules import Ruleset
 from ipvsproxy.policy import LocalMode, NodePolicy, forward_rules
 
-__all__ = ["FILTER_JUMPS", "NAT_JUMPS", "PREFIX", "LocalMode", "NodePolicy", "Options", "render"]
+__all__ = [
+    "FILTER_JUMPS",
+    "NAT_JUMPS",
+    "OWNED",
+    "PREFIX",
+    "LocalMode",
+    "NodePolicy",
+    "Options",
+    "render",
+]
 
 PREFIX = "IPVSPROXY-"
 SERVICES = "IPVSPROXY-SERVICES"
@@ -58,6 +67,13 @@ POSTROUTING = "IPVSPROXY-POSTROUTING"
 MARK_MASQ = "IPVSPROXY-MARK-MASQ"
 FILTER = "IPVSPROXY-FILTER"
 FORWARD = "IPVSPROXY-FORWARD"
+
+# Ownership is by these exact names, per table, never by prefix: anyone else's IPVSPROXY-X
+# is never read, flushed or deleted.
+OWNED: dict[str, frozenset[str]] = {
+    "nat": frozenset({SERVICES, OUTPUT, POSTROUTING, MARK_MASQ}),
+    "filter": frozenset({FILTER, FORWARD}),
+}
 
 NAT_JUMPS: tuple[tuple[str, str], ...] = (
     ("PREROUTING", f'-m comment --comment "ipvsproxy ipvs services" -j {SERVICES}'),

@@ -48,6 +48,7 @@ from ipvsproxy.policy import Frontend, FrontendPolicy, Masquerade, frontend_poli
 from ipvsproxy.sync.desired import Access
 
 SET_PREFIX = "IPVSPROXY-"
+TEMPORARY = "-T"  # suffix of the set a swap fills (ipset.py)
 Entry = tuple[str, str]  # (set name, entry as `ipset save` prints it)
 
 
@@ -99,6 +100,11 @@ def all_sets() -> Iterator[tuple[str, str, int]]:
     for spec in SPECS:
         for version in VERSIONS:
             yield spec.name(version), spec.kind, version
+
+
+# Every set name ipvsproxy makes, its swap temporaries included: ownership is by these exact
+# names, never by prefix, so anyone else's IPVSPROXY-MINE is never read or destroyed.
+OWNED_SETS = frozenset(name + suffix for name, _, _ in all_sets() for suffix in ("", TEMPORARY))
 
 
 def wanted(

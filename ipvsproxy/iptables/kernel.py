@@ -28,9 +28,16 @@ from dataclasses import dataclass
 from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
-from ipvsproxy.iptables.rules import FILTER_JUMPS, filter_ruleset, sanitise
+from ipvsproxy.iptables.rules import FILTER_JUMPS, Ruleset, filter_ruleset, owned_filter, sanitise
 from ipvsproxy.iptables.table import Table
-from ipvsproxy.iptables.transaction import damage, patch, removal, transaction
+from ipvsproxy.iptables.transaction import (
+    blocked,
+    conflicts,
+    damage,
+    patch,
+    removal,
+    transaction,
+)
 from ipvsproxy.kernel import ApplyReport, Failure
 from ipvsproxy.model import (
     AddDest,
@@ -125,6 +132,7 @@ class IptablesKernel:
         self._repair: dict[int, Saved] = {}  # damaged families, as observed
         self._damage: tuple[str, ...] = ()
         self._warned: set[str] = set()
+        self._conflicts: dict[int, str] = {}  # per family, the conflict last warned about
         # per family, the filter-table restore that makes IPVSPX-FORWARD and its jump right
         # ("" = they are); None until an observe() read the filter table
         self._forward: dict[int, str] | None = None
@@ -180,6 +188,9 @@ class IptablesKernel:
         last = self._table
         if last is not None:  # an access changed without an operation: compare with it
             last.set_access(self._lookup(last.services), now=True)
+        if last is not None:
+            for version, seen in saved.items():
+                self._conflict(version, seen, last.ruleset(version))
         if last is not None and not any(damage(saved[v], last.ruleset(v)) for v in saved):
             # The chains are exactly what the last state renders to, and rendering reads
             # back exactly (tests/iptables): no need to decode or render them again.
@@ -193,6 +204,8 @@ class IptablesKernel:
             bound=frozenset(a for s, _ in states for a in s.bound),
         )
         table = Table(state, names, access=self._lookup(state.services), node=self.node)
+        for version in self._families:
+            self._conflict(version, saved[version], table.ruleset(version))
         found = {v: damage(saved[v], table.ruleset(v)) for v in self._families}
         self._table = table
         self._repair = {v: saved[v] for v in self._families if found[v]}
@@ -238,6 +251,7 @@ class IptablesKernel:
                 parse_save(
                     texts[version, "filter"] if texts else self._save(version, "filter"),
                     table="filter",
+                    owns=owned_filter,
                 ),
                 filter_ruleset(self.node),
                 table="filter",
@@ -246,19 +260,22 @@ class IptablesKernel:
             for version in self._families
         }
 
-    def _write_forward(self) -> None:
-        """Write what `_observe_forward()` found missing (nothing when the chain is right)."""
+    def _write_forward(self) -> list[KernelError]:
+        """Write what `_observe_forward()` found missing (nothing when the chain is right);
+        the restores refused (the pass's caller says so, once)."""
         if self._forward is None:
             self._observe_forward()
         assert self._forward is not None
+        refused: list[KernelError] = []
         for version, payload in self._forward.items():
             if payload:
                 try:
                     self._restore(version, payload)
                 except KernelError as exc:
-                    log.error("IPv%d: IPVSPX-FORWARD could not be written (%s)", version, exc)
+                    refused.append(exc)
                     continue
                 self._forward[version] = ""
+        return refused
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         return {}
@@ -274,6 +291,7 @@ class IptablesKernel:
         assert table is not None
         done: list[Op] = []
         failures: list[Failure] = []
+        refused: list[KernelError] = []
         for op in plan:
             try:
                 self._supported(op)
@@ -286,29 +304,55 @@ class IptablesKernel:
         self._warn(done, table.names)
         changes = table.changes()
         for version in self._families:
-            if version in self._repair:
+            whole = version in self._repair
+            if whole:
                 payload = transaction(self._repair[version], table.ruleset(version))
             else:
                 payload = patch(changes.get(version, {}))
             try:
                 if payload:
-                    self._restore(version, payload)
+                    self._write(version, payload, table, whole=whole)
             except KernelError as exc:
                 self._table = None  # unknown now: read again before the next apply
                 failed = [op for op in done if _version(op) == version]
                 failures += [Failure(op, exc) for op in failed]
                 done = [op for op in done if op not in failed]
-                if not failed:  # a repair or a policy change alone: no operation to fail
-                    log.error(
-                        "IPv%d: ipvsproxy's chains could not be rewritten (%s); the next "
-                        "full sync reads them again and retries",
-                        version,
-                        exc,
-                    )
-        self._write_forward()
+                refused.append(exc)  # the pass failed: said once, by its caller
+        refused += self._write_forward()
         if self._table is not None:
             self._repair, self._damage = {}, ()
-        return ApplyReport(applied=len(done), failures=tuple(failures))
+        return ApplyReport(len(done), tuple(failures), tuple(refused))
+
+    def _write(self, version: int, payload: str, table: Table, *, whole: bool) -> None:
+        """One family's restore. A partial write that deletes a chain and is refused may be
+        blocked by someone else's rule jumping into that chain: the family is then read
+        again (`iptables-save`, which takes no lock), and if such a rule is there it is
+        written whole, what blocks isolated (`transaction.blocked()`: the chain emptied
+        and kept), so the rest of the pass still goes in. Any other refusal (a held
+        xtables lock: its wait stays bounded) is not retried here. KernelError when the
+        tool refuses."""
+        try:
+            self._restore(version, payload)
+        except KernelError:
+            if whole or "\n-X " not in payload:
+                raise
+            saved = parse_save(self._save(version))
+            wanted = table.ruleset(version)
+            if not blocked(saved, wanted):
+                raise
+            self._conflict(version, saved, wanted)
+            payload = transaction(saved, wanted)
+            if payload:
+                self._restore(version, payload)
+
+    def _conflict(self, version: int, saved: Saved, wanted: Ruleset) -> None:
+        """Name, in one warning, the chains of ours that rules of others keep alive (once
+        per change: not on every pass)."""
+        text = conflicts(blocked(saved, wanted))
+        if text and self._conflicts.get(version) != text:
+            log.warning("IPv%d nat: rules of others jump into ipvsproxy's chains: %s; the "
+                        "chains go once those rules do", version, text)  # fmt: skip
+        self._conflicts[version] = text
 
     # ---- beyond the interface ---------------------------------------------------------------
 
@@ -323,7 +367,7 @@ class IptablesKernel:
             payload = removal(saved)
             if payload and not dry_run:
                 self._restore(version, payload)
-            saved = parse_save(self._save(version, "filter"), table="filter")
+            saved = parse_save(self._save(version, "filter"), table="filter", owns=owned_filter)
             removed += [f"IPv{version} filter: rule -A {c} {spec}" for c, spec in saved.jumps]
             removed += [f"IPv{version} filter: chain {c}" for c in sorted(saved.chains)]
             payload = removal(saved, table="filter")

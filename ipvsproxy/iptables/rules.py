@@ -115,6 +115,25 @@ FILTER_JUMPS: tuple[tuple[str, str], ...] = (
     ("FORWARD", f'-m comment --comment "ipvsproxy forwarding rules" -j {FORWARD}'),
 )
 
+# Every chain name the renderer can make (and the previous layout's SEP chains, replaced by
+# the first sync): ownership is by these exact names, never by prefix, so a chain of anyone
+# else named IPVSPX-X (or IPVSPX-SVC-mine) is never read, flushed or deleted.
+_HASH = "[A-Z2-7]"  # base32, as _hash() spells it
+_HASHED = re.compile(
+    rf"(?:{SVC_PREFIX}|{EXT_PREFIX}|IPVSPX-SEP-){_HASH}{{16}}|{SVC_PREFIX}{_HASH}{{8}}-{_HASH}{{8}}"
+)
+
+
+def owned(chain: str) -> bool:
+    """Whether a nat-table chain is one ipvsproxy's renderer makes (exact names)."""
+    return chain in (SERVICES, POSTROUTING, MARK_MASQ) or _HASHED.fullmatch(chain) is not None
+
+
+def owned_filter(chain: str) -> bool:
+    """Whether a filter-table chain is ipvsproxy's (the fallback has one there)."""
+    return chain == FORWARD
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/\[\]-]")
 NAME_LIMIT = 160  # comments hold 256 bytes; the rest of ours is short
 

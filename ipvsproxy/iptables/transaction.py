@@ -6,7 +6,11 @@ a rule someone added, a stray chain, a missing or doubled jump), `transaction()`
 chains are declared, which flushes them, and refilled; stale chains are declared and
 deleted after every reference to them is gone; jumps are inserted or de-duplicated one by
 one. Chains and rules of anyone else never appear in it: `--noflush` leaves them alone)
-and `patch()` (the same for a partial sync: only the chains it is given).
+and `patch()` (the same for a partial sync: only the chains it is given). `blocked()`: the
+chains of ours no longer wanted that someone else's rule still jumps to. Deleting one would
+make the kernel refuse the whole transaction (`CHAIN_DEL ... busy`), so it is emptied and
+kept instead, and the rest of the transaction goes in; `damage()` does not report it again
+while it stays empty; `conflicts()` names it for the caller's warning.
 
 Imports: iptables.rules, iptables.parse.
 """
@@ -17,6 +21,7 @@ import hashlib
 from collections.abc import Mapping
 
 from ipvsproxy.iptables.parse import Saved
+from ipvsproxy.iptables.parse import target as target_of
 from ipvsproxy.iptables.rules import JUMPS, Ruleset
 
 
@@ -25,8 +30,11 @@ def damage(
 ) -> tuple[str, ...]:
     """How the saved chains and jumps differ from `target`, in words ("" = none)."""
     found: list[str] = []
+    kept = blocked(saved, target)
     for chain in sorted(set(saved.chains) | set(target.chains)):
         have, want = saved.chains.get(chain), target.chains.get(chain)
+        if chain in kept and not have:
+            continue  # emptied, kept until the rules of others that jump to it go
         if have is None:
             found.append(f"chain {chain} is missing")
         elif want is None:
@@ -55,23 +63,46 @@ def transaction(
 ) -> str:
     """The restore input turning `saved` into `target` ("" when they are equal)."""
     changed = {c: rules for c, rules in target.chains.items() if saved.chains.get(c) != rules}
-    stale = sorted(c for c in saved.chains if c not in target.chains)
+    kept = blocked(saved, target)
+    stale = sorted(c for c in saved.chains if c not in target.chains and c not in kept)
+    emptied = sorted(c for c in kept if saved.chains.get(c))
     fixes: list[str] = []
     for chain, spec in jumps:
         count = saved.jumps.count((chain, spec))
         if count == 0:
             fixes.append(f"-I {chain} 1 {spec}")
         fixes += [f"-D {chain} {spec}"] * max(0, count - 1)
-    if not (changed or stale or fixes):
+    if not (changed or stale or fixes or emptied):
         return ""
     lines = _creation([c for c in changed if c not in saved.chains], table=table)
     lines += [f"*{table}"]
-    lines += [f":{chain} - [0:0]" for chain in sorted(stale, reverse=True)]
+    lines += [f":{chain} - [0:0]" for chain in sorted((*stale, *emptied), reverse=True)]
     lines += _load_order(changed)
     lines += fixes
     lines += [f"-X {chain}" for chain in stale]
     lines += ["COMMIT", ""]
     return "\n".join(lines)
+
+
+def blocked(saved: Saved, target: Ruleset) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Our chains that `target` no longer has but a rule of someone else still jumps to
+    (chain -> those rules, as (chain, spec)): never deleted, only emptied."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for chain, spec in saved.jumps:
+        into = target_of(spec)
+        if into in saved.chains and into not in target.chains:
+            found.setdefault(into, []).append((chain, spec))
+    return {chain: tuple(rules) for chain, rules in found.items()}
+
+
+def conflicts(kept: Mapping[str, tuple[tuple[str, str], ...]]) -> str:
+    """One sentence naming each kept chain and the rules of others that keep it ("")."""
+    return "; ".join(
+        f"{chain} is no longer used but still jumped to by "
+        + ", ".join(f"'-A {c} {spec}'" for c, spec in rules)
+        + ": emptied and kept"
+        for chain, rules in sorted(kept.items())
+    )
 
 
 def patch(changes: Mapping[str, tuple[str, ...] | None], *, table: str = "nat") -> str:
@@ -113,31 +144,23 @@ def _load_order(changed: dict[str, tuple[str, ...]]) -> list[str]:
     always declared before the rule that needs it."""
     lines: list[str] = []
     done: set[str] = set()
+    targets = {rule: target_of(rule) for rules in changed.values() for rule in rules}
 
     def write(chain: str) -> None:
         done.add(chain)
         lines.append(f":{chain} - [0:0]")
         for rule in changed[chain]:
-            target = _target(rule)
+            target = targets[rule]
             if target in changed and target not in done:
                 write(target)  # depth <= 3: SERVICES -> SVC -> SEP -> MARK-MASQ
             lines.append(rule)
 
-    referenced = {_target(rule) for rules in changed.values() for rule in rules}
+    referenced = set(targets.values())
     roots = sorted((c for c in changed if c not in referenced), reverse=True)
     for chain in (*roots, *sorted(changed, reverse=True)):
         if chain not in done:
             write(chain)
     return lines
-
-
-def _target(rule: str) -> str:
-    """The chain or target a rule jumps or goes to (what follows the last -j or -g)."""
-    for flag in (" -j ", " -g "):
-        _, found, rest = rule.rpartition(flag)
-        if found:
-            return rest.split(" ", 1)[0]
-    return ""
 
 
 def removal(saved: Saved, *, table: str = "nat") -> str:

@@ -81,17 +81,20 @@ def test_headers_parsed_from_ipset_list_t_as_ipset_7_17_prints_them():
     from ipvsproxy.firewall.ipset import parse_headers
 
     text = (
-        "Name: IPVSPROXY-A\nType: hash:ip,port\nRevision: 7\n"
+        "Name: IPVSPROXY-CLUSTER-IP\nType: hash:ip,port\nRevision: 7\n"
         "Header: family inet hashsize 1024 maxelem 131072 bucketsize 12 initval 0x49249889\n"
         "Size in memory: 264\nReferences: 0\nNumber of entries: 1\n\n"
+        "Name: IPVSPROXY-MINE\nType: hash:ip\nRevision: 6\n"  # not ours: a similar name
+        "Header: family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x7fd5e1b8\n"
+        "Size in memory: 216\nReferences: 0\nNumber of entries: 0\n\n"
         "Name: KUBE-B\nType: hash:ip\nRevision: 6\n"
         "Header: family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x7fd5e1b8\n"
         "Size in memory: 216\nReferences: 0\nNumber of entries: 0\n\n"
-        "Name: IPVSPROXY-B-6\nType: hash:ip\nRevision: 6\n"
+        "Name: IPVSPROXY-VIPS-6\nType: hash:ip\nRevision: 6\n"
         "Header: family inet6 hashsize 1024 maxelem 65536 bucketsize 12 initval 0x7fd5e1b8\n"
         "Size in memory: 216\nReferences: 1\nNumber of entries: 12\n"
     )
     assert parse_headers(text) == {
-        "IPVSPROXY-A": ("hash:ip,port", 4, 131072, 1),
-        "IPVSPROXY-B-6": ("hash:ip", 6, 65536, 12),
+        "IPVSPROXY-CLUSTER-IP": ("hash:ip,port", 4, 131072, 1),
+        "IPVSPROXY-VIPS-6": ("hash:ip", 6, 65536, 12),
     }

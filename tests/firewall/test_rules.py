@@ -7,7 +7,7 @@ from __future__ import annotations
 from ipaddress import ip_network
 
 from ipvsproxy.firewall.kernel import JUMPS, Observed, plan_firewall
-from ipvsproxy.firewall.rules import FORWARD, OUTPUT, SERVICES, LocalMode, Options, render
+from ipvsproxy.firewall.rules import FORWARD, OUTPUT, OWNED, SERVICES, LocalMode, Options, render
 from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal
@@ -93,7 +93,9 @@ def test_a_deleted_forward_rule_or_jump_is_repaired_and_cleanup_removes_both():
             "COMMIT",
         ]
     )
-    gone = removal(parse_save(save, table="filter", prefix="IPVSPROXY-"), table="filter")
+    gone = removal(
+        parse_save(save, table="filter", owns=OWNED["filter"].__contains__), table="filter"
+    )
     lines = gone.splitlines()
     jump = '-D FORWARD -m comment --comment "ipvsproxy ipvs forward" -j IPVSPROXY-FORWARD'
     assert lines.index(jump) < lines.index("-X IPVSPROXY-FORWARD")

@@ -103,7 +103,7 @@ def test_damage_is_found_by_a_full_observation_and_repaired_by_the_next_apply():
     kernel, commands = loaded()
     good = commands.save(4)
     commands.tables[4][svc_chain(KEYS[1])].pop()  # a rule deleted behind our back
-    commands.tables[4]["IPVSPX-SEP-STRAYSTRAYSTRAY"] = []  # a chain an old version left
+    commands.tables[4]["IPVSPX-SEP-STRAYSTRAYSTRAYS"] = []  # a chain an old version left
     kernel.apply([])  # a partial sync does not look
     assert commands.save(4) != good
     kernel.observe()

@@ -17,10 +17,10 @@ from ipvsproxy.iptables.rules import (
     FILTER_JUMPS,
     FORWARD,
     JUMPS,
-    PREFIX,
     SERVICES,
     Ruleset,
     filter_ruleset,
+    owned_filter,
     render,
     sanitise,
     sep_chain,
@@ -157,11 +157,14 @@ COMMIT
 *nat
 :PREROUTING ACCEPT [0:0]
 :IPVSPX-SERVICES - [0:0]
-:IPVSPX-EMPTY - [0:0]
+:IPVSPX-SVC-EMPTYEMPTYEMPTYE - [0:0]
+:IPVSPX-X - [0:0]
 :OTHER - [0:0]
 -A PREROUTING -m comment --comment "ipvsproxy service portals" -j IPVSPX-SERVICES
 -A PREROUTING -d 192.0.2.1/32 -j DNAT --to-destination 192.0.2.2
+-A PREROUTING -s 192.0.2.0/24 -j IPVSPX-X
 -A OTHER -j RETURN
+-A IPVSPX-X -j RETURN
 {dispatch}
 COMMIT
 """.format(
@@ -172,18 +175,19 @@ COMMIT
 
 def test_parse_keeps_only_our_nat_chains_and_jumps_and_skips_what_it_cannot_read():
     saved = parse_save(SAVE)
-    assert set(saved.chains) == {"IPVSPX-SERVICES", "IPVSPX-EMPTY"}
-    assert saved.chains["IPVSPX-EMPTY"] == ()
+    empty = "IPVSPX-SVC-EMPTYEMPTYEMPTYE"
+    assert set(saved.chains) == {"IPVSPX-SERVICES", empty}  # IPVSPX-X: not a name of ours
+    assert saved.chains[empty] == ()
     assert saved.jumps == (JUMPS[0],)
     state, _ = read_state(saved)
     assert state == IpvsState()  # an unknown scheduler: left out, so it gets rewritten
     assert removal(saved).splitlines() == [
         "*nat",
         f"-D PREROUTING {JUMPS[0][1]}",
-        ":IPVSPX-EMPTY - [0:0]",
         ":IPVSPX-SERVICES - [0:0]",
-        "-X IPVSPX-EMPTY",
+        f":{empty} - [0:0]",
         "-X IPVSPX-SERVICES",
+        f"-X {empty}",
         "COMMIT",
     ]
 
@@ -266,7 +270,7 @@ def test_written_once_then_nothing_to_do_repaired_when_damaged_and_removed_by_cl
             "COMMIT",
         ]
     )
-    saved = parse_save(save, table="filter", prefix=PREFIX)
+    saved = parse_save(save, table="filter", owns=owned_filter)
     assert set(saved.chains) == {FORWARD}  # DOCKER-USER is not ours
     assert not damage(saved, filter_ruleset(), jumps=FILTER_JUMPS)
     assert not transaction(saved, filter_ruleset(), table="filter", jumps=FILTER_JUMPS)
