@@ -19,7 +19,7 @@ from ipvsproxy.manifest_source import ManifestSource
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 
 
-def service(name: str) -> dict:
+def service(name: str) -> dict[str, object]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
