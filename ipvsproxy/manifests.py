@@ -130,7 +130,7 @@ _KINDS_OF_FILE = (
 )
 
 
-def _read_bytes(file: Path) -> bytes:
+def read_bytes(file: Path) -> bytes:
     """The file's bytes if it is a regular file of at most MAX_FILE_BYTES. Opened without
     blocking, so that a FIFO put in its place after the listing is refused, not waited on."""
     try:
@@ -138,7 +138,7 @@ def _read_bytes(file: Path) -> bytes:
     except FileNotFoundError as exc:
         if os.path.islink(file):
             raise ConfigError(f"{file}: a dangling symbolic link") from exc
-        raise ConfigError(f"{file}: gone (no such file)") from exc
+        raise ConfigError(f"{file}: no such file") from exc
     except (OSError, ValueError) as exc:  # ENXIO: a socket; a NUL in the name
         if (kind := _special(file)) is not None:
             raise ConfigError(f"{file}: not a regular file ({kind})") from exc
@@ -169,7 +169,7 @@ def _special_mode(mode: int) -> str | None:
 
 
 def _objects(file: Path) -> Iterator[RawObject | RawJson]:
-    data = _read_bytes(file)
+    data = read_bytes(file)
     if file.suffix == ".json":
         listed = _json_items(data.removeprefix(b"\xef\xbb\xbf"))
         if listed is not None:
@@ -178,17 +178,23 @@ def _objects(file: Path) -> Iterator[RawObject | RawJson]:
                     raise ConfigError(f"{file}: a {item.kind} larger than {MAX_OBJECT_BYTES} bytes")
             yield from listed
             return
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{file}: cannot read: {exc}") from exc
-    documents = _json(file, text) if file.suffix == ".json" else _yaml(file, text)
-    for index, doc in enumerate(documents):
+    for index, doc in enumerate(parse(file, data)):
         if doc is None:
             continue
         if not isinstance(doc, dict):
             raise ConfigError(f"{file}: document {index + 1} is not a Kubernetes object")
         yield from _expand(doc, f"{file}: document {index + 1}")
+
+
+def parse(file: Path, data: bytes) -> list[Any]:
+    """The documents in a file's bytes: one JSON document if its name ends in .json, else
+    YAML's, within the bounds above; ConfigError naming the file (kpconfig reads --config
+    with this too)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc}") from exc
+    return _json(file, text) if file.suffix == ".json" else _yaml(file, text)
 
 
 class _List(msgspec.Struct):
