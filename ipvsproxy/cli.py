@@ -539,16 +539,16 @@ def errors_to_exit(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except FallbackRefused as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_NO_FALLBACK)
         except FirewallUnavailable as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_NO_COMPANION if func.__name__ == "run" else EXIT_ERROR)
         except KernelUnavailable as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_STARTUP_FAILURE if func.__name__ in ("run", "prepare") else EXIT_ERROR)
         except IpvsproxyError as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_ERROR)
 
     return wrapper  # type: ignore[return-value]
@@ -614,7 +614,7 @@ def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     config = make_config(opts)
     result = agent.diff(config, source=source, kernel_state=kernel_state)
     for warning in result.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(f"warning: {logs.escape(warning)}", err=True)
     if output == "json":
         doc = to_json(
             result.lines, warnings=result.warnings, notes=result.notes, repairs=result.repairs
@@ -848,9 +848,11 @@ def run(once: bool, cleanup: bool, init_only: bool, **opts: Any) -> None:
             + (f"; {outcome.firewall_changes} firewall changes" if outcome.firewall_changes else "")
         )
         for failure in result.report.failures:
-            click.echo(f"failed: {failure.error}", err=True)
+            click.echo(f"failed: {logs.escape(str(failure.error))}", err=True)
         if outcome.firewall_error:
-            click.echo(f"failed: firewall rules: {outcome.firewall_error}", err=True)
+            click.echo(
+                f"failed: firewall rules: {logs.escape(str(outcome.firewall_error))}", err=True
+            )
         sys.exit(0 if outcome.ok else EXIT_FAILED_OPS)
     agent.run(config, source=source)
 
