@@ -222,3 +222,17 @@ def test_a_file_that_disappears_keeps_its_services_for_a_poll(tmp_path, caplog):
     path.write_text(yaml.safe_dump(service("a")))
     source.poll()
     assert services(tracker) == 1
+
+
+def test_a_yaml_object_too_large_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifests, "MAX_OBJECT_BYTES", 200)
+    path = tmp_path / "list.yaml"
+    small, big = service("a"), service("b" * 300)
+    path.write_text(yaml.safe_dump({"kind": "List", "items": [small, big]}))
+    with pytest.raises(ConfigError, match=f"{path}: line 9: an object larger than 200 bytes"):
+        manifests.load([path])
+    path.write_text(yaml.safe_dump_all([small, big]))
+    with pytest.raises(ConfigError, match=f"{path}: line 9: an object larger than 200 bytes"):
+        manifests.load([path])
+    path.write_text(yaml.safe_dump({"kind": "List", "items": [small] * 5}))
+    assert len(manifests.load([path])) == 5  # a List may be larger than one object
