@@ -12,10 +12,11 @@ another exception; judging the objects is the api package's job.
 
 Input is bounded (issue 28): a file is read only if it is a regular file (a FIFO, a device
 or a socket, given or found in a directory, is refused by name, never opened for a blocking
-read), of at most MAX_FILE_BYTES, with at most MAX_DOCUMENTS documents; a JSON List item
-holds at most MAX_OBJECT_BYTES (the API server's own request limit); YAML aliases may add at
-most MAX_ALIAS_NODES nodes to what the file spells out, and a recursive alias is refused
-(an 870-byte file of nested `kind: List` aliases would otherwise expand to 10**9 objects).
+read), of at most MAX_FILE_BYTES, with at most MAX_DOCUMENTS documents; an object (a JSON
+List item, a YAML document or List item) spans at most MAX_OBJECT_BYTES (the API server's own
+request limit); YAML aliases may add at most MAX_ALIAS_NODES nodes to what the file spells
+out, and a recursive alias is refused (an 870-byte file of nested `kind: List` aliases would
+otherwise expand to 10**9 objects).
 
 Imports: errors, api (types only), PyYAML, msgspec, the standard library.
 """
@@ -280,6 +281,8 @@ def _documents(file: Path, text: str) -> list[Any]:
             node = loader.get_node()
             if aliases and node is not None:
                 _check_aliases(file, node)
+            if node is not None:
+                _check_sizes(file, node)
             documents.append(loader.construct_document(node))
         return documents
     finally:
@@ -320,6 +323,35 @@ def _check_aliases(file: Path, root: yaml.Node) -> None:
             open_.add(key)
             stack.append((node, True))
             stack.extend((child, False) for child in children if id(child) not in measured)
+
+
+def _check_sizes(file: Path, root: yaml.Node) -> None:
+    """Refuse an object (a document, or an item of a List, nested) spelled out in more than
+    MAX_OBJECT_BYTES of the text (libyaml counts characters: bytes for ASCII)."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not isinstance(node, yaml.MappingNode):
+            continue  # (what is not an object is refused once constructed)
+        seen.add(id(node))
+        items = _list_items(node)
+        if items is not None:
+            stack.extend(items)
+        elif node.end_mark.index - node.start_mark.index > MAX_OBJECT_BYTES:
+            raise ConfigError(
+                f"{file}: line {node.start_mark.line + 1}: an object larger than "
+                f"{MAX_OBJECT_BYTES} bytes"
+            )
+
+
+def _list_items(node: yaml.MappingNode) -> list[yaml.Node] | None:
+    """The item nodes of a `kind: ...List` mapping node; None if it is not a List."""
+    fields = {key.value: value for key, value in node.value if isinstance(key, yaml.ScalarNode)}
+    kind = fields.get("kind")
+    if not isinstance(kind, yaml.ScalarNode) or not str(kind.value).endswith("List"):
+        return None
+    items = fields.get("items")
+    return list(items.value) if isinstance(items, yaml.SequenceNode) else []
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
