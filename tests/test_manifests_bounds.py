@@ -236,3 +236,17 @@ def test_a_yaml_object_too_large_is_refused(tmp_path, monkeypatch):
         manifests.load([path])
     path.write_text(yaml.safe_dump({"kind": "List", "items": [small] * 5}))
     assert len(manifests.load([path])) == 5  # a List may be larger than one object
+
+
+@pytest.mark.timeout(10)
+def test_the_running_agent_keeps_its_services_when_a_file_turns_into_a_bomb(tmp_path, caplog):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(yaml.safe_dump(service("a")))
+    source, tracker = source_for(folder)
+    source.load()
+    (folder / "a.yaml").write_text(alias_bomb())
+    (folder / "b.yaml").write_text(yaml.safe_dump(service("b")))
+    source.poll()
+    assert services(tracker) == 2
+    assert f"{folder / 'a.yaml'}: invalid YAML: aliases expand it" in caplog.text
