@@ -26,6 +26,8 @@ from click.core import ParameterSource
 from ipvsproxy import __version__, agent, kpconfig, logs
 from ipvsproxy.backends import FirewallUnavailable
 from ipvsproxy.config import (
+    MAX_DURATION,
+    MAX_KERNEL_TIMEOUT,
     Config,
     parse_cidrs,
     parse_duration,
@@ -537,16 +539,16 @@ def errors_to_exit(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except FallbackRefused as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_NO_FALLBACK)
         except FirewallUnavailable as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_NO_COMPANION if func.__name__ == "run" else EXIT_ERROR)
         except KernelUnavailable as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_STARTUP_FAILURE if func.__name__ in ("run", "prepare") else EXIT_ERROR)
         except IpvsproxyError as exc:
-            click.echo(f"ipvsproxy: error: {exc}", err=True)
+            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
             sys.exit(EXIT_ERROR)
 
     return wrapper  # type: ignore[return-value]
@@ -612,7 +614,7 @@ def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     config = make_config(opts)
     result = agent.diff(config, source=source, kernel_state=kernel_state)
     for warning in result.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(f"warning: {logs.escape(warning)}", err=True)
     if output == "json":
         doc = to_json(
             result.lines, warnings=result.warnings, notes=result.notes, repairs=result.repairs
@@ -631,7 +633,7 @@ def duration(name: str, default: str, text: str, *names: str) -> Callable[[F], F
 
 def conntrack_options(func: F) -> F:
     """kube-proxy's `--conntrack-*` flags, names and defaults (cmd/kube-proxy/app/options.go)."""
-    count = click.IntRange(min=0)
+    count = click.IntRange(0, 2**31 - 1)  # the kernel's int sysctls
     return apply(func, [
         option(
             "--conntrack-max-per-core",
@@ -683,7 +685,8 @@ def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:
     in whole seconds, as kube-proxy truncates them."""
 
     def seconds(name: str) -> int:
-        return int(parse_duration(opts.pop(name), option=flag(name, "--" + name.replace("_", "-"))))
+        option = flag(name, "--" + name.replace("_", "-"))
+        return int(parse_duration(opts.pop(name), option=option, maximum=MAX_KERNEL_TIMEOUT))
 
     return {
         "conntrack_max_per_core": opts.pop("conntrack_max_per_core"),
@@ -845,9 +848,11 @@ def run(once: bool, cleanup: bool, init_only: bool, **opts: Any) -> None:
             + (f"; {outcome.firewall_changes} firewall changes" if outcome.firewall_changes else "")
         )
         for failure in result.report.failures:
-            click.echo(f"failed: {failure.error}", err=True)
+            click.echo(f"failed: {logs.escape(str(failure.error))}", err=True)
         if outcome.firewall_error:
-            click.echo(f"failed: firewall rules: {outcome.firewall_error}", err=True)
+            click.echo(
+                f"failed: firewall rules: {logs.escape(str(outcome.firewall_error))}", err=True
+            )
         sys.exit(0 if outcome.ok else EXIT_FAILED_OPS)
     agent.run(config, source=source)
 
@@ -855,8 +860,9 @@ def run(once: bool, cleanup: bool, init_only: bool, **opts: Any) -> None:
 def run_config(opts: dict[str, Any]) -> Config:
     """`make_config` plus run's own options."""
 
-    def seconds(name: str) -> float:
-        return parse_duration(opts.pop(name), option=flag(name, "--" + name.replace("_", "-")))
+    def seconds(name: str, maximum: float = MAX_DURATION) -> float:
+        option = flag(name, "--" + name.replace("_", "-"))
+        return parse_duration(opts.pop(name), option=option, maximum=maximum)
 
     def bind(name: str) -> tuple[str, int]:
         text = opts.pop(f"{name}_bind_address")
@@ -881,9 +887,9 @@ def run_config(opts: dict[str, Any]) -> Config:
     return dataclasses.replace(
         make_config(opts),
         strict_arp=opts.pop("strict_arp"),
-        tcp_timeout=int(seconds("tcp_timeout")),
-        tcp_fin_timeout=int(seconds("tcp_fin_timeout")),
-        udp_timeout=int(seconds("udp_timeout")),
+        tcp_timeout=int(seconds("tcp_timeout", MAX_KERNEL_TIMEOUT)),
+        tcp_fin_timeout=int(seconds("tcp_fin_timeout", MAX_KERNEL_TIMEOUT)),
+        udp_timeout=int(seconds("udp_timeout", MAX_KERNEL_TIMEOUT)),
         **conntrack_config(opts),
         min_sync_period=min_sync,
         sync_period=sync_period,

@@ -136,12 +136,19 @@ def parse_scheduler(text: str, *, option: str) -> Scheduler:
         raise ConfigError(f"{option}: {text!r} is not an IPVS scheduler ({known})") from None
 
 
+# The longest duration taken: a year. Longer periods mean "never", and past threading's
+# TIMEOUT_MAX (292 years) a wait raises OverflowError (issue 28).
+MAX_DURATION = 365 * 86400.0
+# The longest kernel timeout (IPVS, conntrack): the kernel keeps them in jiffies in an int,
+# and refuses (conntrack) or overflows (IPVS) past INT_MAX / HZ seconds at HZ=1000.
+MAX_KERNEL_TIMEOUT = float((2**31 - 1) // 1000)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
 
-def parse_duration(text: str, *, option: str) -> float:
-    """A Go-style duration as kube-proxy takes it (`1s`, `500ms`, `1m30s`) or plain seconds."""
+def parse_duration(text: str, *, option: str, maximum: float = MAX_DURATION) -> float:
+    """A Go-style duration as kube-proxy takes it (`1s`, `500ms`, `1m30s`) or plain seconds,
+    at most `maximum` seconds."""
     value = text.strip()
     try:
         seconds = float(value)
@@ -154,4 +161,6 @@ def parse_duration(text: str, *, option: str) -> float:
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
         raise ConfigError(f"{option}: {text!r} must be a finite, non-negative duration")
+    if seconds > maximum:
+        raise ConfigError(f"{option}: {text!r} is longer than {maximum:.0f}s, the most it takes")
     return seconds

@@ -14,19 +14,21 @@ their zero value or kube-proxy's default; a field kube-proxy does not know is an
 kube-proxy's strict decoding makes it one, and so is a `mode` other than ipvs. kube-proxy's
 flags with no meaning here (`IGNORED_FLAGS`) are warned of by the same rule.
 
-Imports: errors, the standard library, yaml.
+The file is read as a manifest file is (manifests.read_bytes, manifests.parse): a regular
+file only, its size, documents, aliases and nesting bounded, any YAML or JSON a ConfigError
+naming the file, never another exception (tests/test_kpconfig_bounds.py fuzzes it).
+
+Imports: manifests, errors, the standard library.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ipvsproxy import manifests
 from ipvsproxy.errors import ConfigError
 
 API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
@@ -131,16 +133,13 @@ def load(path: Path) -> Loaded:
     """Read and check one KubeProxyConfiguration file; ConfigError naming the file (and
     the field) for anything wrong."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
+        documents = manifests.parse(path, manifests.read_bytes(path))
+        if len(documents) > 1:
+            raise ConfigError(f"{path}: {len(documents)} documents, expected one")
+    except ConfigError as exc:  # already naming the file
+        raise ConfigError(f"--config {exc}") from None
     try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        doc = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=loader)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config {path}: not YAML or JSON: {exc}") from None
-    try:
-        return parse(doc)
+        return parse(documents[0] if documents else None)
     except ConfigError as exc:
         raise ConfigError(f"--config {path}: {exc}") from None
 

@@ -4,6 +4,7 @@ Owns: `configure(level, fmt)` (the CLI calls it once, before anything logs), `se
 (a configuration file's `logging.format` switches it later), `TextFormatter`, `JsonFormatter`.
 docs/logging.md lists the fields.
 
+Text lines escape control characters (`escape()`): a name from input forges no line.
 Both formats stamp RFC 3339 times in UTC with milliseconds (2026-11-26T02:55:01.123Z). A
 record's facts are passed with logging's `extra=` (e.g. `service`, `vip`, `op`, `error`): the
 JSON format writes each as a field of its own, the text format shows only the message, which
@@ -29,6 +30,23 @@ NOISY = ("urllib3", "kubernetes")
 
 # What every LogRecord has of its own; anything else on a record came with `extra=`.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+# Control characters (C0, DEL, C1), the Unicode line and paragraph separators and the
+# bidirectional overrides: what could end a line, move the cursor or reorder the text shown.
+_SHOWN = {
+    **{c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]},
+    **{ord(c): e for c, e in (("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))},
+    **{c: f"\\u{c:04x}" for c in [0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]},
+}
+
+
+def escape(text: str) -> str:
+    """`text` with its control characters as escapes (\\n, \\x1b, \\u2028), so that text from
+    input (a Service name in a manifest) cannot forge a line or colour a terminal. The one
+    implementation: the text log format, `diff`'s text output and the CLI's error lines use it
+    (JSON escapes by itself)."""
+    return text.translate(_SHOWN)
 
 
 def configure(level: str, fmt: str, *, stream: TextIO | None = None) -> None:
@@ -73,10 +91,15 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class TextFormatter(logging.Formatter):
-    """`2026-11-26T02:55:01.123Z INFO message` (and a traceback, if any)."""
+    """`2026-11-26T02:55:01.123Z INFO message` (and a traceback, if any), the message's
+    control characters escaped: one record, one line (a traceback's own lines follow it)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        record.message = escape(record.message)
+        return super().formatMessage(record)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         return timestamp(record)

@@ -237,7 +237,7 @@ def test_manifest_source_rereads_changed_files_and_keeps_last_good(tmp_path, cap
         eventually(lambda: SLICE in changes, 5.0)  # (a half-written file may count twice)
         assert set(changes) == {SLICE}
         path.write_text("kind: [broken")
-        eventually(lambda: "keeping the last good ones" in caplog.text, 5.0)
+        eventually(lambda: "keeping its last good content" in caplog.text, 5.0)
         assert tracker.counts()[SLICE] == 1
     finally:
         stop.set()

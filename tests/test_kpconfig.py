@@ -193,7 +193,7 @@ def test_a_file_that_is_not_there_or_not_yaml(tmp_path):
         kpconfig.load(tmp_path / "missing")
     bad = tmp_path / "bad.conf"
     bad.write_text("kind: [unclosed\n")
-    with pytest.raises(ConfigError, match="not YAML or JSON"):
+    with pytest.raises(ConfigError, match="invalid YAML"):
         kpconfig.load(bad)
 
 

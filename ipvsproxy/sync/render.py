@@ -5,7 +5,7 @@ and `to_json(plan, ...)` for machines. Operations are described once, in `descri
 records, `facts()` (the fields of one operation, with the same kinds and Service names) and
 `sentence()` (those fields in words).
 
-Imports: model, kernel, ipvsadm.
+Imports: model, kernel, saved_table, logs (escape).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ipvsproxy.logs import escape
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -186,7 +187,7 @@ def render_text(
     out.append(summary_line(lines))
     if repairs:
         out.append(f"Repairs: {len(repairs)} (ipvsproxy's own rules were changed behind its back).")
-    return "\n".join(out) + "\n"
+    return "".join(escape(line) + "\n" for line in out)  # a name forges no line
 
 
 def summary_line(lines: Sequence[Line]) -> str:
