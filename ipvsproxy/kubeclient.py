@@ -19,12 +19,20 @@ rest_client_* metrics, as client-go reports its own): `code` is the HTTP status 
 when none came, `host` the server's host:port, `seconds` the time to the response headers
 (the body is streamed afterwards), None for a watch, which client-go does not time.
 
+A request can be given a `Deadline`: a time after which every socket the calling thread
+opened or reused for it is shut down, whatever phase it is in (TLS handshake, headers, body).
+A per-read socket timeout alone cannot cut a server that trickles one byte at a time: each
+read returns in time, and the request never ends.
+
 Must not import: anything of ipvsproxy but `errors`.
-Imports: kubernetes (client, config, watch), yaml, errors.
+Imports: kubernetes (client, config, watch), urllib3, yaml, errors.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +49,15 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from ipvsproxy.errors import ConfigError
 
-__all__ = ["ApiException", "Client", "Observe", "client", "iter_resp_lines", "unobserved"]
+__all__ = [
+    "ApiException",
+    "Client",
+    "Deadline",
+    "Observe",
+    "client",
+    "iter_resp_lines",
+    "unobserved",
+]
 
 Observe = Callable[[str, str, str, float | None], None]
 
@@ -56,6 +72,7 @@ class Client:
     def __init__(self, configuration: Any, *, observe: Observe = unobserved) -> None:
         self.configuration = configuration
         self._rest = RESTClientObject(configuration)
+        _watch_connections(self._rest.pool_manager)
         self._user_agent = f"ipvsproxy (kubernetes-client-python {LIBRARY_VERSION})"
         self._observe = observe
         self._host = urlsplit(configuration.host).netloc  # client-go's label: URL.Host
@@ -92,6 +109,109 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_active = threading.local()  # .deadline: the Deadline of the request this thread is making
+
+
+class Deadline:
+    """`with Deadline(seconds) as d:` around a request and the reading of its body: once
+    `seconds` pass, every connection this thread used inside the block is shut down (a
+    blocked read then fails or ends at once) and `d.expired` is true.
+
+    A timer thread does the cutting; the sockets are known through `_Watched`, the mixin
+    `Client` puts into its connection classes. Each is held as a duplicate descriptor, so
+    cutting never touches a descriptor number that has since been reused.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._done = False
+        self._previous: Deadline | None = None
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Deadline:
+        self._previous = getattr(_active, "deadline", None)
+        _active.deadline = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _active.deadline = self._previous
+        with self._lock:
+            self._done = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Cut `sock` too when the time is up (at once if it is up already)."""
+        with self._lock:
+            if self._done:
+                return
+            try:
+                dup = socket.fromfd(sock.fileno(), sock.family, sock.type, sock.proto)
+            except OSError:  # closed meanwhile: nothing to cut
+                return
+            self._sockets.append(dup)
+            if self.expired:
+                _cut(dup)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _cut(sock)
+
+
+def _cut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)  # on a duplicate: the TLS object is left alone
+
+
+class _Watched:
+    """A urllib3 connection whose socket the thread's active `Deadline` may cut: the new
+    socket before its TLS handshake, a pooled one when it is reused for a request."""
+
+    sock: socket.socket | None
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        _watched(sock)
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        if self.sock is not None:
+            _watched(self.sock)
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+
+def _watched(sock: socket.socket) -> None:
+    deadline: Deadline | None = getattr(_active, "deadline", None)
+    if deadline is not None:
+        deadline.watch(sock)
+
+
+def _watch_connections(manager: Any) -> None:
+    """Give `manager`'s pools (plain, TLS, SOCKS: whatever the library chose) connections
+    that a `Deadline` can cut."""
+    manager.pool_classes_by_scheme = {
+        scheme: type(
+            pool.__name__,
+            (pool,),
+            {
+                "ConnectionCls": type(
+                    pool.ConnectionCls.__name__, (_Watched, pool.ConnectionCls), {}
+                )
+            },
+        )
+        for scheme, pool in manager.pool_classes_by_scheme.items()
+    }
 
 
 def _since(started: float) -> float:
