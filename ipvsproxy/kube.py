@@ -472,7 +472,14 @@ def _why(exc: BaseException) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:500]
+    return _printable(str(exc))
+
+
+def _printable(text: str) -> str:
+    """`text` in one line of at most 500 characters, control characters escaped (a server's
+    words go into log lines and `diff`'s error line)."""
+    text = " ".join(text.split())[:500]
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _status_message(exc: ApiException) -> str:
@@ -482,4 +489,4 @@ def _status_message(exc: ApiException) -> str:
         message = str(status.get("message") or exc.reason)
     except (ValueError, AttributeError, RecursionError):
         message = str(exc.reason)
-    return " ".join(message.split())[:500]
+    return _printable(message)

@@ -31,6 +31,7 @@ Imports: kubernetes (client, config, watch), urllib3, yaml, errors.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -149,14 +150,15 @@ class Deadline:
         for sock in sockets:
             sock.close()
 
-    def watch(self, sock: socket.socket) -> None:
-        """Cut `sock` too when the time is up (at once if it is up already)."""
+    def watch(self, sock: Any) -> None:
+        """Cut `sock` (a socket, or what stands for one: urllib3's TLS-in-TLS transport)
+        too when the time is up (at once if it is up already)."""
         with self._lock:
             if self._done:
                 return
-            try:
-                dup = socket.fromfd(sock.fileno(), sock.family, sock.type, sock.proto)
-            except OSError:  # closed meanwhile: nothing to cut
+            try:  # family and type are read from the descriptor
+                dup = socket.socket(fileno=os.dup(sock.fileno()))
+            except (OSError, AttributeError, ValueError):  # closed meanwhile: nothing to cut
                 return
             self._sockets.append(dup)
             if self.expired:
@@ -191,7 +193,7 @@ class _Watched:
         super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-def _watched(sock: socket.socket) -> None:
+def _watched(sock: Any) -> None:
     deadline: Deadline | None = getattr(_active, "deadline", None)
     if deadline is not None:
         deadline.watch(sock)

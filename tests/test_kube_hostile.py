@@ -28,7 +28,7 @@ from ipvsproxy import kube
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.cli import main
 from ipvsproxy.errors import ApiUnavailable
-from ipvsproxy.sync.tracker import SERVICE, Tracker
+from ipvsproxy.sync.tracker import SERVICE, SLICE, Tracker
 from tests.support import eventually
 
 ROOT = Path(__file__).parent.parent
@@ -56,7 +56,7 @@ EMPTY = {
 
 class Raw:
     """A TLS server on 127.0.0.1: each request (its path, after the headers are read) is
-    answered by `reply(server, connection, path)`; `sent` counts the bytes per connection."""
+    answered by `reply(server, connection, path)`; `sent` counts the bytes per request."""
 
     def __init__(self, reply: Callable[[Raw, ssl.SSLSocket, str], None], *, foreign: bool = False):
         self.ca = trustme.CA()
@@ -69,7 +69,8 @@ class Raw:
         self.port = self._listener.getsockname()[1]
         self.closed = threading.Event()
         self.paths: list[str] = []
-        self.sent: list[int] = []  # bytes written on each connection so far
+        self.sent: list[int] = []  # bytes written for each request so far
+        self.connections = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -83,6 +84,7 @@ class Raw:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        self.connections += 1
         try:
             with self._context.wrap_socket(conn, server_side=True) as tls:
                 while not self.closed.is_set():  # keep-alive: one request after another
@@ -257,6 +259,28 @@ def test_a_server_trickling_one_byte_at_a_time_is_cut_at_the_list_deadline(serve
     assert time.monotonic() - started < 4
 
 
+def test_the_deadline_also_cuts_a_connection_reused_from_the_pool(serve, tmp_path):
+    """`diff` lists Services (at once; the connection goes back to the pool), then
+    EndpointSlices on that same connection, which trickle: cut at that list's deadline."""
+
+    def reply(server: Raw, tls: ssl.SSLSocket, path: str) -> None:
+        body = json.dumps(EMPTY).encode()
+        if "/services" in path:
+            server.json(tls, body)
+            return
+        server.send(tls, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+        trickle(server, tls, body)
+
+    server = serve(reply)
+    started = time.monotonic()
+    api = kube.connect(kubeconfig=server.kubeconfig(tmp_path / "kc"), context=None)
+    with api, pytest.raises(ApiUnavailable, match="EndpointSlices .* no complete answer within"):
+        kube.list_once(api, (SERVICE, SLICE), node_name="node-a", sink=Tracker(), settings=SHORT)
+    assert time.monotonic() - started < 4
+    assert len(server.paths) == 2
+    assert server.connections == 1
+
+
 # ---- garbage: diff exits 2 with one line; run's watcher warns and retries -------------------
 
 GARBAGE = {
@@ -327,6 +351,20 @@ def test_diff_on_an_api_it_cannot_use_exits_2_with_one_line(serve, tmp_path, mon
     assert reason in stderr
     if case == "refused port":
         bound.close()
+
+
+def test_diff_on_a_refusal_with_a_hostile_message_exits_2_with_one_escaped_line(serve, tmp_path):
+    """A 401 whose Status message holds newlines and an escape sequence: still one line, the
+    control characters shown as escapes."""
+    status = {"kind": "Status", "code": 401, "message": "no\nforged: line \x1b[31mred"}
+    server = serve(lambda s, tls, path: s.json(tls, status, "401 Unauthorized"))
+    kc = str(server.kubeconfig(tmp_path / "kc"))
+    result = CliRunner().invoke(main, ["diff", "--kubeconfig", kc, "--kernel-state", str(STATE),
+                                       *NODE])  # fmt: skip
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.splitlines()
+    assert "401 no forged: line \\x1b[31mred" in line
+    assert "\x1b" not in line
 
 
 def assert_diff_fails(server: Raw, tmp_path: Path, host: str) -> str:
