@@ -4,8 +4,8 @@ Owns `client()`, which configures the library from a kubeconfig file (`load_kube
 from the Pod's service account (`load_incluster_config`) and maps any failure to one
 `ConfigError` line, and `Client`, which sends GETs through the library's `RESTClientObject`
 (TLS, client certificates, proxy, the connection pool: all from the `Configuration`). It
-re-exports the two other library pieces `ipvsproxy.kube` needs (`ApiException`,
-`iter_resp_lines`).
+re-exports the other library piece `ipvsproxy.kube` needs (`ApiException`; watch streams are
+split into lines by `ipvsproxy.kube` itself, with a cap on a line's length).
 
 Everything a kubeconfig can say (tokens, token files, client certificates, user and
 password, exec plugins, auth providers, several files in `$KUBECONFIG`) is the library's to
@@ -25,7 +25,7 @@ A per-read socket timeout alone cannot cut a server that trickles one byte at a 
 read returns in time, and the request never ends.
 
 Must not import: anything of ipvsproxy but `errors`.
-Imports: kubernetes (client, config, watch), urllib3, yaml, errors.
+Imports: kubernetes (client, config), urllib3, yaml, errors.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTClientObject
 from kubernetes.config import ConfigException, kube_config, load_incluster_config
-from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 from ipvsproxy.errors import ConfigError
 
@@ -56,7 +57,6 @@ __all__ = [
     "Deadline",
     "Observe",
     "client",
-    "iter_resp_lines",
     "unobserved",
 ]
 
@@ -249,8 +249,21 @@ def client(
     if master:
         # client-go's DefaultServerURL: a bare host:port means https
         configuration.host = (master if "://" in master else f"https://{master}").rstrip("/")
+    _check_server(configuration.host, "--master" if master else "the kubeconfig's server")
     configuration.retries = 0
     return Client(configuration, observe=observe)
+
+
+def _check_server(host: str, where: str) -> None:
+    """A server address no request could use is a `ConfigError` now (`run` would retry it
+    for ever; `diff` would fail with urllib3's words)."""
+    try:
+        url = parse_url(host or "")
+        usable = url.scheme in ("http", "https") and bool(url.host)
+    except LocationParseError:
+        usable = False
+    if not usable:
+        raise ConfigError(f"{where} {host!r} is not an http(s) URL with a host")
 
 
 # what the library raises on a document of the wrong shape (a list, a string, a bad base64 field)

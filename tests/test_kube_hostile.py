@@ -524,3 +524,22 @@ def test_garbage_watch_events_are_warnings_and_retries(serve, watching, caplog):
     resumed = {path.split("resourceVersion=")[1].split("&")[0] for path in server.paths
                if "watch=true" in path}  # fmt: skip
     assert resumed == {"5"}  # a version that is not a string is not resumed from
+
+
+@pytest.mark.parametrize("address", ["", "ftp://x", "https://127.0.0.1:99999", "https://exa mple"])
+def test_a_server_address_no_request_could_use_is_one_config_error(tmp_path, address):
+    """Before: `run` retried it for ever, `diff` printed urllib3's words (with a
+    FutureWarning for an empty one)."""
+    server = Raw(silent)
+    try:
+        kc = server.kubeconfig(tmp_path / "kc")
+    finally:
+        server.close()
+    doc = json.loads(kc.read_text())
+    doc["clusters"][0]["cluster"]["server"] = address
+    kc.write_text(json.dumps(doc))
+    result = CliRunner().invoke(main, ["diff", "--kubeconfig", str(kc), "--kernel-state",
+                                       str(STATE), *NODE])  # fmt: skip
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr == f"ipvsproxy: error: the kubeconfig's server {address!r} is not an " \
+                            "http(s) URL with a host\n"  # fmt: skip
