@@ -543,3 +543,19 @@ def test_a_server_address_no_request_could_use_is_one_config_error(tmp_path, add
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr == f"ipvsproxy: error: the kubeconfig's server {address!r} is not an " \
                             "http(s) URL with a host\n"  # fmt: skip
+
+
+def test_diff_exits_2_even_on_a_bug(monkeypatch):
+    """Exit 1 means "changes pending": an unexpected exception (a bug) is its traceback and
+    exit 2, never Python's exit 1."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("ipvsproxy.agent.diff", broken)
+    result = CliRunner().invoke(main, ["diff", "--kubeconfig", "/nonexistent", *NODE])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "ipvsproxy: error: internal error (a bug; the traceback is above): RuntimeError('boom')"
+    )
