@@ -96,10 +96,7 @@ def changes_from(source: Source, config: Config) -> Changes:
     with kube.connect(
         kubeconfig=source.kubeconfig, context=source.context, master=source.master
     ) as client:
-        for kind in (SERVICE, SLICE, NODE):
-            kube.Watcher(
-                kind, api=client, node_name=config.node_name, sink=tracker, stop=threading.Event()
-            ).list_all()
+        kube.list_once(client, (SERVICE, SLICE, NODE), node_name=config.node_name, sink=tracker)
     return tracker.take(everything=True)
 
 

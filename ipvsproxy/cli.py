@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from ipaddress import ip_address
 from pathlib import Path
@@ -612,7 +613,13 @@ def diff(kernel_state: Path | None, output: str, **opts: Any) -> None:
     from_config_file(opts)
     source = make_source(opts)
     config = make_config(opts)
-    result = agent.diff(config, source=source, kernel_state=kernel_state)
+    try:
+        result = agent.diff(config, source=source, kernel_state=kernel_state)
+    except IpvsproxyError:
+        raise
+    except Exception as exc:  # a bug: Python's exit status 1 would read "changes pending"
+        traceback.print_exc()
+        raise IpvsproxyError(f"internal error (a bug; the traceback is above): {exc!r}") from exc
     for warning in result.warnings:
         click.echo(f"warning: {logs.escape(warning)}", err=True)
     if output == "json":

@@ -4,6 +4,7 @@
     ├── ConfigError          bad flags, unreadable or malformed input files
     ├── StateParseError      an observed-state text (ipvsadm-save) that cannot be read
     ├── WatchError           the Kubernetes API refuses us in a way retrying cannot fix
+    ├── ApiUnavailable       `diff` could not reach or understand the Kubernetes API
     └── KernelError          one kernel operation failed
         ├── NotFound         the object to change or delete does not exist
         ├── AlreadyExists    the object to add exists already
@@ -29,6 +30,11 @@ class StateParseError(IpvsproxyError):
 
 class WatchError(IpvsproxyError):
     """The API server refused a list or watch for good (a wrong token, no RBAC, no such API)."""
+
+
+class ApiUnavailable(IpvsproxyError):
+    """`diff` could not reach the API server, or could not read its reply (refused, bad TLS,
+    silent, too large, not JSON, not a list). `run` never raises it: it retries."""
 
 
 class KernelError(IpvsproxyError):

@@ -17,6 +17,24 @@ The watch loop is three small layers (after kopf's watching.py):
 - `_stream()` is one watch request: the server ends it at `timeoutSeconds`; the socket's read
   timeout is the per-stream inactivity timeout (bookmarks keep a quiet stream alive).
 
+Every response is bounded in size and time, so a broken or hostile server costs a retry, never
+the agent's memory or a hung `diff` (docs/reliability.md, "Hostile and unlucky nodes"):
+- a list page is read up to `max_page_bytes` (64 MiB: a page holds 500 objects, ~1 KB each for
+  a Service of kube-apiserver v1.36, so ~0.5 MB; 500 EndpointSlices of 100 endpoints ~15 MB),
+  and one whole list (every page) up to `max_list_bytes` (512 MiB: 50,000 Services are ~55 MB,
+  their EndpointSlices for 150,000 Pods, Kubernetes' tested maximum, ~100 MB);
+- one watch event line is read up to `max_event_bytes` (16 MiB: etcd refuses an object over
+  1.5 MiB, and its JSON is at most a few times that);
+- a list waits `read_timeout` (60 s: kube-apiserver ends a non-watch request after its
+  --request-timeout, 1 minute by default) between bytes and `list_deadline` (300 s) for all its
+  pages: a server trickling a byte at a time is cut there (`kubeclient.Deadline`); a watch
+  stream is cut `inactivity_timeout` after the `timeoutSeconds` the server was asked to end it;
+- a reply that is not a list of the kind asked for (`[1,2,3]`, `{"metadata": "x"}`, no
+  `metadata.resourceVersion`) is refused: never read as an empty list, which would delete
+  every Service.
+A refused response is a `Transient` error: `run` retries it with backoff and logs why; `diff`
+(`list_once`) turns it into one `ApiUnavailable` line, exit status 2.
+
 Why the client's `watch.Watch` is not used: it builds client model objects for every event
 (we need the raw JSON, and the models cost), and it answers a 410 by silently retrying once
 from the same resourceVersion. The client still does configuration, authentication, TLS and
@@ -27,11 +45,14 @@ Imports: kubeclient (the kubernetes client), tenacity, urllib3, api, sync.tracke
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import random
+import re
+import ssl
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,13 +62,15 @@ import urllib3
 
 from ipvsproxy.api import Read, read
 from ipvsproxy.backoff import Backoff
-from ipvsproxy.errors import WatchError
-from ipvsproxy.kubeclient import ApiException, Observe, client, iter_resp_lines, unobserved
+from ipvsproxy.errors import ApiUnavailable, WatchError
+from ipvsproxy.kubeclient import ApiException, Deadline, Observe, client, unobserved
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 
 log = logging.getLogger(__name__)
 
 PAGE = 500  # items per list page, as client-go's reflector
+CHUNK = 64 * 1024  # bytes asked of the socket per read
+MiB = 1024 * 1024
 
 
 def connect(
@@ -69,8 +92,13 @@ def connect(
 @dataclass(frozen=True, slots=True)
 class Settings:
     watch_timeout: float = 300.0  # asked of the server; jittered by up to +50% per stream
-    inactivity_timeout: float = 120.0  # nothing read for this long: reconnect
+    inactivity_timeout: float = 120.0  # nothing read from a watch for this long: reconnect
     connect_timeout: float = 10.0
+    read_timeout: float = 60.0  # nothing read from a list for this long: give up
+    list_deadline: float = 300.0  # one whole list, every page of it
+    max_page_bytes: int = 64 * MiB  # one list response
+    max_list_bytes: int = 512 * MiB  # every page of one list
+    max_event_bytes: int = 16 * MiB  # one watch event (one line)
     backoff: Backoff = Backoff(first=0.5, cap=30.0)
 
 
@@ -103,6 +131,9 @@ _QUERY = {
 }
 
 
+MAX_ERROR_BYTES = 64 * 1024  # of an error's body (a Status object: a few hundred bytes)
+
+
 def _lister(api: Any, kind: str, node_name: str) -> Callable[..., Any]:
     """GET one collection (list or watch): the undecoded urllib3 response, or ApiException."""
     fixed = {"field_selector": f"metadata.name={node_name}"} if kind == NODE else {}
@@ -111,8 +142,13 @@ def _lister(api: Any, kind: str, node_name: str) -> Callable[..., Any]:
         query = [(_QUERY[k], v) for k, v in {**fixed, **params}.items() if v is not None]
         response = api.get(_PATHS[kind], query, timeout=_request_timeout)
         if not 200 <= response.status <= 299:
-            response.read()
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
+            try:
+                data = _read_body(response.response, MAX_ERROR_BYTES, cut=True)
+            finally:
+                response.response.close()
+                response.response.release_conn()
+            body = data.decode("utf-8", "replace")
+            raise ApiException.from_response(http_resp=response, body=body, data=None)
         return response.response
 
     return get
@@ -184,53 +220,87 @@ class Watcher:
             self._on_restart(self.kind, "gone")
 
     def list_all(self) -> str:
-        """List every object (page by page) into the sink; the list's resourceVersion."""
+        """List every object (page by page) into the sink; the list's resourceVersion.
+
+        Bounded: `list_deadline` for every page together, `max_page_bytes` per page and
+        `max_list_bytes` for all of them; past a bound, or on a reply that is not a list
+        of the kind, a `Transient` error saying which.
+        """
+        s = self._settings
+        with Deadline(s.list_deadline) as deadline:
+            try:
+                items, version = self._pages(s)
+            except Transient as exc:
+                if deadline.expired:
+                    what = f"no complete answer within {s.list_deadline:g}s"
+                    raise Transient(what) from exc
+                raise
+        self._sink.replace(self.kind, items)
+        self.listed = True
+        log.info("listed %d %ss at resourceVersion %s", len(items), self.kind, version)
+        return version
+
+    def _pages(self, s: Settings) -> tuple[list[Read], str]:
         items: list[Read] = []
         token: str | None = None
+        total = 0  # bytes of every page so far
         while True:
             kwargs: dict[str, Any] = {"limit": PAGE}
             if token:
                 kwargs["_continue"] = token
             try:
-                page = self._request(**kwargs)
-                try:
-                    body = json.loads(page.data)
-                finally:
-                    page.release_conn()
-            except Gone:  # the continue token expired mid-list: start over
-                items, token = [], None
+                page = self._request(read_timeout=s.read_timeout, **kwargs)
+            except Gone as exc:
+                if not token:  # a list from no resourceVersion cannot be too old
+                    raise Transient("410 Gone without a continue token") from exc
+                items, token, total = [], None, 0  # the continue token expired: start over
                 continue
-            except ValueError as exc:
-                raise Transient(f"list {self.kind}: unreadable response: {exc}") from exc
+            cap = min(s.max_page_bytes, s.max_list_bytes - total)
+            try:
+                data = _read_body(page, cap)
+            except BaseException:
+                page.close()  # the rest of the body is not wanted: not back to the pool
+                raise
+            finally:
+                page.release_conn()
+            total += len(data)
+            raw, token, version = _list_page(self.kind, data)
             # parsed page by page: a large list never holds every raw object at once
-            items += [read(self.kind, item) for item in body.get("items") or []]
-            meta = body.get("metadata") or {}
-            token = meta.get("continue")
+            items += [read(self.kind, item) for item in raw]
             if not token:
-                break
-        self._sink.replace(self.kind, items)
-        self.listed = True
-        version = str(meta.get("resourceVersion") or "")
-        log.info("listed %d %ss at resourceVersion %s", len(items), self.kind, version)
-        return version
+                return items, version
 
     def _stream(self) -> None:
         """One watch request from self._version, which each event and bookmark advances."""
         s = self._settings
         timeout = int(s.watch_timeout * (1 + random.random() / 2))
+        # the server ends the stream at `timeout`; one that goes on is cut (a trickle of
+        # bytes that never completes an event would pass every read timeout)
+        limit = timeout + s.inactivity_timeout
+        cut = f"stream still open {limit:g}s after it was asked to end at {timeout}s; cut"
+        with Deadline(limit) as deadline:
+            try:
+                self._follow(timeout, s)
+            except Transient as exc:
+                if deadline.expired:
+                    raise Transient(cut) from exc
+                raise
+            if deadline.expired:  # cut where the stream could end cleanly: still a failure
+                raise Transient(cut)
+
+    def _follow(self, timeout: int, s: Settings) -> None:
         response = self._request(
+            read_timeout=s.inactivity_timeout,
             watch=True,
             resource_version=self._version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout,
         )
         try:
-            for event in _events(response):
+            for event in _events(response, s.max_event_bytes):
                 self._version = self._handle(event, self._version or "")
                 if self._stop.is_set():
                     break
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Transient(f"watch {self.kind}: {exc}") from exc
         finally:
             response.close()  # a watch connection is not reused: its stream may be cut short
             response.release_conn()
@@ -238,30 +308,28 @@ class Watcher:
     def _handle(self, event: dict[str, Any], version: str) -> str:
         kind, obj = event.get("type"), event.get("object")
         if not isinstance(obj, dict):
-            raise Transient(f"watch {self.kind}: event without an object: {event!r:.200}")
+            raise Transient(f"event without an object: {event!r:.200}")
         if kind == "ERROR":
             code, message = obj.get("code"), obj.get("message", "")
             if code == 410:
                 raise Gone(message)
-            raise Transient(f"watch {self.kind}: error event {code}: {message}")
-        meta = obj.get("metadata") or {}
+            raise Transient(f"error event {code!r:.20}: {message!r:.300}")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            self._sink.event(self.kind, kind, obj)
+            self._sink.event(self.kind, kind, obj)  # a malformed object: a warning there
         elif kind != "BOOKMARK":
-            log.warning("watch %s: ignoring event type %r", self.kind, kind)
-        return str(meta.get("resourceVersion") or version)
+            log.warning("watch %s: ignoring event type %.100r", self.kind, kind)
+        meta = obj.get("metadata")
+        resumed = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return resumed if isinstance(resumed, str) and resumed else version
 
-    def _request(self, **kwargs: Any) -> Any:
+    def _request(self, *, read_timeout: float, **kwargs: Any) -> Any:
         s = self._settings
         try:
-            return self._list(
-                _request_timeout=(s.connect_timeout, s.inactivity_timeout),
-                **kwargs,
-            )
+            return self._list(_request_timeout=(s.connect_timeout, read_timeout), **kwargs)
         except ApiException as exc:
             raise self._api_error(exc) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Transient(f"{self.kind}: {exc}") from exc
+            raise Transient(_why(exc)) from exc
 
     def _api_error(self, exc: ApiException) -> Exception:
         status, reason = exc.status, _status_message(exc)
@@ -272,26 +340,153 @@ class Watcher:
                     "get/list/watch on services, endpointslices and nodes?",
                     404: "does the server serve discovery.k8s.io/v1?"}[status]  # fmt: skip
             return WatchError(f"cannot list {self.kind}s: {status} {reason} ({hint})")
-        return Transient(f"{self.kind}: {status} {reason}")
+        return Transient(f"{status} {reason}")
 
 
-def _events(response: Any) -> Iterator[dict[str, Any]]:
-    for line in iter_resp_lines(response):
+DIFF = Settings()  # what `list_once` uses unless told (tests shorten it)
+
+
+def list_once(
+    api: Any, kinds: Sequence[str], *, node_name: str, sink: Any, settings: Settings | None = None
+) -> None:
+    """One complete list of each of `kinds` into `sink` (`diff`): any failure to reach or
+    understand the API server is one `ApiUnavailable` line naming it; a refusal for good
+    (401, 403, 404) stays a `WatchError`."""
+    settings = settings or DIFF
+    host = getattr(getattr(api, "configuration", None), "host", "the API server")
+    for kind in kinds:
+        watcher = Watcher(
+            kind, api=api, node_name=node_name, sink=sink, stop=threading.Event(),
+            settings=settings,
+        )  # fmt: skip
+        try:
+            watcher.list_all()
+        except (Transient, Gone) as exc:
+            raise ApiUnavailable(f"cannot read {kind}s from {host}: {_one_line(exc)}") from exc
+
+
+def _read_body(response: Any, cap: int, *, cut: bool = False) -> bytearray:
+    """The body of `response`, at most `cap` bytes (`cut`: its first `cap` bytes; else a
+    longer one is a `Transient` error)."""
+    length = response.headers.get("Content-Length", "")
+    if not cut and length.isdigit() and int(length) > cap:
+        raise Transient(f"response of {_size(int(length))}, over {_size(cap)}")
+    data = bytearray()
+    try:
+        while chunk := response.read1(CHUNK):
+            data += chunk
+            if len(data) > cap:
+                if cut:
+                    return data[:cap]
+                raise Transient(f"response over {_size(cap)}; gave up reading it")
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Transient(_why(exc)) from exc
+    return data
+
+
+def _list_page(kind: str, data: bytes | bytearray) -> tuple[list[Any], str | None, str]:
+    """The raw items, the continue token and the resourceVersion of one list page; a
+    `Transient` error for anything that is not a page of a `kind` list."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise Transient(f"unreadable response: {_one_line(exc)}") from exc
+    what = f"not a {kind}List"
+    if not isinstance(body, dict):
+        text = bytes(data[:100]).decode("utf-8", "replace")
+        raise Transient(f"{what} (a JSON {type(body).__name__}: {text!r})")
+    if "items" not in body:
+        raise Transient(f"{what} (no items)")
+    items, meta = body["items"], body.get("metadata")
+    if items is None:  # an empty list, as Go writes a nil slice
+        items = []
+    if not isinstance(items, list):
+        raise Transient(f"{what} (items: {type(items).__name__}, not a list)")
+    if not isinstance(meta, dict):
+        raise Transient(f"{what} (metadata: {type(meta).__name__}, not an object)")
+    version, token = meta.get("resourceVersion"), meta.get("continue")
+    if not isinstance(version, str) or not version:
+        raise Transient(f"{what} (no metadata.resourceVersion)")
+    if token is not None and not isinstance(token, str):
+        raise Transient(f"{what} (metadata.continue: {type(token).__name__}, not a string)")
+    return items, token, version
+
+
+def _events(response: Any, cap: int) -> Iterator[dict[str, Any]]:
+    """The events of a watch stream, one JSON object a line, each at most `cap` bytes."""
+    for line in _lines(response, cap):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
-        except ValueError as exc:
-            raise Transient(f"unreadable watch event: {exc}: {line[:200]!r}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise Transient(f"unreadable event: {_one_line(exc)}: {line[:200]!r}") from exc
         if not isinstance(event, dict):
-            raise Transient(f"unreadable watch event: {line[:200]!r}")
+            raise Transient(f"unreadable event: {line[:200]!r}")
         yield event
 
 
+def _lines(response: Any, cap: int) -> Iterator[bytes]:
+    """The newline-ended lines of `response`'s body (a last one without a newline, cut by
+    the end of the stream, is dropped); a line over `cap` bytes is a `Transient` error."""
+    buffer = bytearray()
+    try:
+        while chunk := response.read1(CHUNK):
+            searched = len(buffer)  # no newline before here
+            buffer += chunk
+            start = 0
+            while (end := buffer.find(b"\n", max(start, searched))) >= 0:
+                yield bytes(buffer[start:end])
+                start = end + 1
+            del buffer[:start]
+            if len(buffer) > cap:
+                raise Transient(f"an event over {_size(cap)} without its newline")
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Transient(_why(exc)) from exc
+
+
+def _size(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:g} MiB"
+    return f"{n / 1024:g} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def _why(exc: BaseException) -> str:
+    """A urllib3/socket error in one line, without the pool's repr."""
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.ProtocolError) and len(exc.args) == 2:
+        what, cause = exc.args  # ("Connection aborted.", ConnectionResetError(...))
+        if isinstance(cause, http.client.BadStatusLine):
+            return f"not an HTTP reply: {_one_line(cause)[:100]!r}"
+        if isinstance(cause, BaseException):
+            return f"{str(what).rstrip('.').lower()}: {_why(cause)}"
+    if isinstance(exc, OSError) and not isinstance(exc, ssl.SSLError) and exc.strerror:
+        return exc.strerror
+    text = _one_line(exc)
+    text = re.sub(r"^\w+\(host='[^']*', port=\d+\): ", "", text)
+    text = re.sub(r"^<[^>]*>: ", "", text)
+    if isinstance(exc, (urllib3.exceptions.SSLError, ssl.SSLError)):
+        return f"TLS: {text}"
+    return text or type(exc).__name__
+
+
+def _one_line(exc: BaseException) -> str:
+    return _printable(str(exc))
+
+
+def _printable(text: str) -> str:
+    """`text` in one line of at most 500 characters, control characters escaped (a server's
+    words go into log lines and `diff`'s error line)."""
+    text = " ".join(text.split())[:500]
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _status_message(exc: ApiException) -> str:
-    """The Status object's message if the body is one, else the HTTP reason."""
+    """The Status object's message if the body is one, else the HTTP reason (one line)."""
     try:
         status = json.loads(exc.body or "")
-        return str(status.get("message") or exc.reason)
-    except (ValueError, AttributeError):
-        return str(exc.reason)
+        message = str(status.get("message") or exc.reason)
+    except (ValueError, AttributeError, RecursionError):
+        message = str(exc.reason)
+    return _printable(message)

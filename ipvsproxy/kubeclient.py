@@ -4,8 +4,8 @@ Owns `client()`, which configures the library from a kubeconfig file (`load_kube
 from the Pod's service account (`load_incluster_config`) and maps any failure to one
 `ConfigError` line, and `Client`, which sends GETs through the library's `RESTClientObject`
 (TLS, client certificates, proxy, the connection pool: all from the `Configuration`). It
-re-exports the two other library pieces `ipvsproxy.kube` needs (`ApiException`,
-`iter_resp_lines`).
+re-exports the other library piece `ipvsproxy.kube` needs (`ApiException`; watch streams are
+split into lines by `ipvsproxy.kube` itself, with a cap on a line's length).
 
 Everything a kubeconfig can say (tokens, token files, client certificates, user and
 password, exec plugins, auth providers, several files in `$KUBECONFIG`) is the library's to
@@ -19,12 +19,21 @@ rest_client_* metrics, as client-go reports its own): `code` is the HTTP status 
 when none came, `host` the server's host:port, `seconds` the time to the response headers
 (the body is streamed afterwards), None for a watch, which client-go does not time.
 
+A request can be given a `Deadline`: a time after which every socket the calling thread
+opened or reused for it is shut down, whatever phase it is in (TLS handshake, headers, body).
+A per-read socket timeout alone cannot cut a server that trickles one byte at a time: each
+read returns in time, and the request never ends.
+
 Must not import: anything of ipvsproxy but `errors`.
-Imports: kubernetes (client, config, watch), yaml, errors.
+Imports: kubernetes (client, config), urllib3, yaml, errors.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,11 +46,19 @@ from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTClientObject
 from kubernetes.config import ConfigException, kube_config, load_incluster_config
-from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 from ipvsproxy.errors import ConfigError
 
-__all__ = ["ApiException", "Client", "Observe", "client", "iter_resp_lines", "unobserved"]
+__all__ = [
+    "ApiException",
+    "Client",
+    "Deadline",
+    "Observe",
+    "client",
+    "unobserved",
+]
 
 Observe = Callable[[str, str, str, float | None], None]
 
@@ -56,6 +73,7 @@ class Client:
     def __init__(self, configuration: Any, *, observe: Observe = unobserved) -> None:
         self.configuration = configuration
         self._rest = RESTClientObject(configuration)
+        _watch_connections(self._rest.pool_manager)
         self._user_agent = f"ipvsproxy (kubernetes-client-python {LIBRARY_VERSION})"
         self._observe = observe
         self._host = urlsplit(configuration.host).netloc  # client-go's label: URL.Host
@@ -94,6 +112,110 @@ class Client:
         self.close()
 
 
+_active = threading.local()  # .deadline: the Deadline of the request this thread is making
+
+
+class Deadline:
+    """`with Deadline(seconds) as d:` around a request and the reading of its body: once
+    `seconds` pass, every connection this thread used inside the block is shut down (a
+    blocked read then fails or ends at once) and `d.expired` is true.
+
+    A timer thread does the cutting; the sockets are known through `_Watched`, the mixin
+    `Client` puts into its connection classes. Each is held as a duplicate descriptor, so
+    cutting never touches a descriptor number that has since been reused.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._done = False
+        self._previous: Deadline | None = None
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Deadline:
+        self._previous = getattr(_active, "deadline", None)
+        _active.deadline = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _active.deadline = self._previous
+        with self._lock:
+            self._done = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def watch(self, sock: Any) -> None:
+        """Cut `sock` (a socket, or what stands for one: urllib3's TLS-in-TLS transport)
+        too when the time is up (at once if it is up already)."""
+        with self._lock:
+            if self._done:
+                return
+            try:  # family and type are read from the descriptor
+                dup = socket.socket(fileno=os.dup(sock.fileno()))
+            except (OSError, AttributeError, ValueError):  # closed meanwhile: nothing to cut
+                return
+            self._sockets.append(dup)
+            if self.expired:
+                _cut(dup)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _cut(sock)
+
+
+def _cut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)  # on a duplicate: the TLS object is left alone
+
+
+class _Watched:
+    """A urllib3 connection whose socket the thread's active `Deadline` may cut: the new
+    socket before its TLS handshake, a pooled one when it is reused for a request."""
+
+    sock: socket.socket | None
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        _watched(sock)
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        if self.sock is not None:
+            _watched(self.sock)
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+
+def _watched(sock: Any) -> None:
+    deadline: Deadline | None = getattr(_active, "deadline", None)
+    if deadline is not None:
+        deadline.watch(sock)
+
+
+def _watch_connections(manager: Any) -> None:
+    """Give `manager`'s pools (plain, TLS, SOCKS: whatever the library chose) connections
+    that a `Deadline` can cut."""
+    manager.pool_classes_by_scheme = {
+        scheme: type(
+            pool.__name__,
+            (pool,),
+            {
+                "ConnectionCls": type(
+                    pool.ConnectionCls.__name__, (_Watched, pool.ConnectionCls), {}
+                )
+            },
+        )
+        for scheme, pool in manager.pool_classes_by_scheme.items()
+    }
+
+
 def _since(started: float) -> float:
     return time.monotonic() - started
 
@@ -127,8 +249,21 @@ def client(
     if master:
         # client-go's DefaultServerURL: a bare host:port means https
         configuration.host = (master if "://" in master else f"https://{master}").rstrip("/")
+    _check_server(configuration.host, "--master" if master else "the kubeconfig's server")
     configuration.retries = 0
     return Client(configuration, observe=observe)
+
+
+def _check_server(host: str, where: str) -> None:
+    """A server address no request could use is a `ConfigError` now (`run` would retry it
+    for ever; `diff` would fail with urllib3's words)."""
+    try:
+        url = parse_url(host or "")
+        usable = url.scheme in ("http", "https") and bool(url.host)
+    except LocationParseError:
+        usable = False
+    if not usable:
+        raise ConfigError(f"{where} {host!r} is not an http(s) URL with a host")
 
 
 # what the library raises on a document of the wrong shape (a list, a string, a bad base64 field)
