@@ -7,11 +7,15 @@ tracker, a bounded-frequency runner calling the sync pass, metrics and health en
 signals). The threads: one per API watch (or the manifest poller), one per HTTP endpoint,
 and the caller's thread runs the sync loop; the `kubernetes` client is synchronous.
 
+`run()`, `run_once()` and `cleanup()` hold the node's lock (nodelock.py) from their first
+step: a second agent in the same network namespace stops before it touches anything.
+
 Imports: everything below it; never click.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import signal
@@ -20,9 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ipvsproxy import api, backends, manifests, saved_table
+from ipvsproxy import api, backends, manifests, nodelock, saved_table
 from ipvsproxy.backends import (
     BACKENDS,
     IPTABLES,
@@ -44,6 +48,25 @@ if TYPE_CHECKING:
     from ipvsproxy.serve import Health, HttpServer
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exclusive(command: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """The command holds this node's lock (nodelock.py) from its first step to its last:
+    a second agent in the same network namespace gets `NodeBusy` (exit 2) before it reads
+    its input or touches a setting, a module, a device, IPVS or iptables."""
+
+    def wrap(func: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+            with nodelock.hold(command):
+                return func(*args, **kwargs)
+
+        return locked
+
+    return wrap
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +182,7 @@ def _diff_result(
     return DiffResult(lines, proxier.warnings, notes, planned.repairs)
 
 
+@_exclusive("run --once")
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
     # A short process that builds a large, acyclic heap: the cyclic collector would only
@@ -186,6 +210,7 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     return result
 
 
+@_exclusive("run")
 def run(config: Config, *, source: Source, stop: threading.Event | None = None) -> None:
     """The agent: keep the kernel in sync with the source until SIGTERM/SIGINT or `stop`.
 
@@ -446,10 +471,24 @@ def _describe(source: Source) -> str:
     return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"
 
 
-def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
+def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True, force: bool = False) -> list[str]:
     """Remove (or, with dry_run, list) everything ipvsproxy owns in both backends (without
-    `ipvs`: all but its IPVS table and dummy device)."""
-    return backends.cleanup(config, dry_run=dry_run, ipvs=ipvs)
+    `ipvs`: all but its IPVS table and dummy device). Holding the node's lock: while an
+    agent runs it would rewrite what this removes, so `NodeBusy` unless `force` (then a
+    warning naming the agent). A dry run changes nothing and takes no lock."""
+    if dry_run:
+        return backends.cleanup(config, dry_run=True, ipvs=ipvs)
+    try:
+        with nodelock.hold("cleanup", advice="stop it first, or give --force"):
+            return backends.cleanup(config, dry_run=False, ipvs=ipvs)
+    except nodelock.NodeBusy:
+        if not force:
+            raise
+        log.warning(
+            "cleanup --force: this node's lock is held (%s): what is removed may be written again",
+            nodelock.holder() or "released meanwhile",
+        )
+        return backends.cleanup(config, dry_run=False, ipvs=ipvs)
 
 
 def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:

@@ -932,18 +932,32 @@ def cleanup_lines(removed: list[str], *, dry_run: bool, whose: str) -> list[str]
     "device stay, for kube-proxy's IPVS mode to take over in place (the way back from a "
     "migration: docs/migration.md).",
 )
+@option(
+    "--force",
+    section=OWN,
+    is_flag=True,
+    help="Remove ipvsproxy's objects even while an agent runs on this node (it writes them "
+    "again on its next pass); without it, cleanup refuses then (exit 2).",
+)
 @ownership_options
 @logging_options
 @errors_to_exit
 def cleanup(
-    dry_run: bool, kube_proxy: bool, including_ipvs: bool, keep_ipvs: bool, **opts: Any
+    dry_run: bool,
+    kube_proxy: bool,
+    including_ipvs: bool,
+    keep_ipvs: bool,
+    force: bool,
+    **opts: Any,
 ) -> None:
     """Remove everything ipvsproxy owns, in both backends, and nothing else.
 
     IPVS: its virtual servers (the ownership rule: VIPs on the dummy device, --service-cidr,
     NodePorts on this host's addresses), the VIPs and the dummy device. iptables: its
     chains (IPVSPX-*) and the jumps into them. With --kube-proxy: kube-proxy's leftovers
-    instead; the migration (docs/migration.md) uses both. Exit status: 0 done, 2 error.
+    instead; the migration (docs/migration.md) uses both. While an ipvsproxy agent runs in
+    this network namespace, cleanup of ipvsproxy's own objects refuses (exit 2, naming it)
+    unless --force; --dry-run and --kube-proxy run beside it. Exit status: 0 done, 2 error.
     """
     apply_logging(opts)
     if including_ipvs and not kube_proxy:
@@ -955,7 +969,7 @@ def cleanup(
         removed = agent.cleanup_kube_proxy(config, dry_run=dry_run, ipvs=including_ipvs)
         whose = "kube-proxy's"
     else:
-        removed = agent.cleanup(config, dry_run=dry_run, ipvs=not keep_ipvs)
+        removed = agent.cleanup(config, dry_run=dry_run, ipvs=not keep_ipvs, force=force)
         whose = "ipvsproxy's"
     for line in cleanup_lines(removed, dry_run=dry_run, whose=whose):
         click.echo(line)
