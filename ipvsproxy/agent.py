@@ -287,9 +287,10 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         servers = _serve(config, metrics.render, health, mode=backend.name)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
+
         try:
             threads = start_sources(halt)
-            with _signals(halt):
+            with _signals(halt, resync=agent_loop.resync):
                 if not stop.is_set():
                     log.info("running: %s", _describe(source))
                     runner.loop()
@@ -425,8 +426,12 @@ def _open_source(
 
 
 @contextmanager
-def _signals(halt: Callable[[], None]) -> Iterator[None]:
-    """SIGTERM/SIGINT stop the agent after the sync in progress; old handlers come back.
+def _signals(
+    halt: Callable[[], None], *, resync: Callable[[], None] = lambda: None
+) -> Iterator[None]:
+    """SIGTERM/SIGINT stop the agent after the sync in progress; SIGHUP (whose default
+    would end it mid-pass) asks for a full resync: the next pass observes everything and
+    repairs drift, as every sync period; old handlers come back.
 
     The handler runs in the main thread between two bytecodes, possibly while that thread
     holds a lock (an Event's, the runner's, a logging handler's): taking any of them again
@@ -444,17 +449,22 @@ def _signals(halt: Callable[[], None]) -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         try:
             os.write(write_end, bytes([signum]))
-        except OSError:  # the pipe is full: a stop is already on its way
+        except OSError:  # the pipe is full: a stop (or a resync) is already on its way
             return
 
     def notice() -> None:
         while received := os.read(read_end, 1):  # b"": the write end closed, we are done
+            if received[0] == signal.SIGHUP:
+                log.info("received SIGHUP: full resync")
+                resync()
+                continue
             log.info("received %s: stopping", signal.Signals(received[0]).name)
             halt()
 
     watcher = threading.Thread(target=notice, name="signals", daemon=True)
     watcher.start()
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    caught = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in caught}
     try:
         yield
     finally:

@@ -36,6 +36,20 @@ def test_a_real_sigterm_halts_once_and_is_logged_outside_the_handler(caplog):
     assert record.threadName == "signals"  # not the main thread, where the handler ran
 
 
+def test_sighup_is_logged_and_asks_for_a_full_resync_without_stopping(caplog):
+    """Issue 28: SIGHUP's default action ended the agent mid-pass without a log line."""
+    caplog.set_level(logging.INFO, logger="ipvsproxy.agent")
+    halted, resynced = threading.Event(), threading.Event()
+    with _signals(halted.set, resync=resynced.set):
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert resynced.wait(5)
+    assert not halted.is_set()
+    (record,) = [r for r in caplog.records if "received SIGHUP" in r.message]
+    assert "full resync" in record.message
+    assert record.threadName == "signals"
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the old handler is back
+
+
 def test_the_handler_returns_while_the_main_thread_holds_the_lock_halt_needs(caplog):
     """The deadlock a signal could cause: one arriving while the main thread holds a lock that
     halting (or logging) takes again. The handler must return at once; the halt follows."""
