@@ -813,9 +813,10 @@ def run(once: bool, cleanup: bool, init_only: bool, **opts: Any) -> None:
 
     Watches the Kubernetes API (--kubeconfig, else in-cluster, else ~/.kube/config), or
     reads --manifests and re-reads them when they change. Stops on SIGTERM/SIGINT, leaving
-    the rules in place; SIGHUP makes the next pass a full resync. Exit status: 0 stopped (or, with --once, all applied), 1 some
-    operations failed (--once), 2 bad input or the API refused us, 3 no usable backend,
-    4 no IPVS and --no-fallback, 5 IPVS without a tool its firewall rules need.
+    the rules in place; SIGHUP makes the next pass a full resync. Exit status: 0 stopped
+    (or, with --once, all applied), 1 some operations failed (--once), 2 bad input or the
+    API refused us, 3 no usable backend, 4 no IPVS and --no-fallback, 5 IPVS without a tool
+    its firewall rules need.
     """
     from_config_file(opts)
     if opts.pop("write_config_to"):
