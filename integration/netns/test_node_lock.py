@@ -1,11 +1,14 @@
 """One agent per node, as operators start them: in one network namespace a second
 `ipvsproxy run` exits 2 at once naming the first, having changed nothing (not a setting, not a
 rule), whatever its ports; agents in two namespaces both run; `cleanup` refuses while an
-agent runs unless --force. SIGHUP is logged and makes the next pass a full one."""
+agent runs unless --force. SIGHUP is logged and makes the next pass a full one. A running
+agent, and one killed -9, leaves its kubeconfig's client key in no file."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import trustme
 import yaml
 
 from integration.lab import inside
@@ -201,3 +205,41 @@ def test_sighup_is_logged_and_makes_a_full_pass(ns, tmp_path):
         assert any("received SIGHUP" in str(r["msg"]) for r in agent.lines())
     finally:
         assert agent.stop() == 0
+
+
+def test_the_agent_leaves_its_client_key_in_no_file_even_after_kill_9(ns, tmp_path):
+    ca = trustme.CA()
+    issued = ca.issue_cert("node-a.example")
+    key = issued.private_key_pem.bytes()
+    cert = b"".join(blob.bytes() for blob in issued.cert_chain_pems)
+    b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {
+            "server": "https://127.0.0.1:1", "certificate-authority-data": b64(ca.cert_pem.bytes()),
+        }}],
+        "users": [{"name": "u", "user": {"client-certificate-data": b64(cert),
+                                         "client-key-data": b64(key)}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    log = tmp_path / "agent.log"
+    args = ["ip", "netns", "exec", ns, IPVSPROXY, "run", "--kubeconfig", str(kubeconfig),
+            "--hostname-override", "node-a", *ports(ns)]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=out, env={**os.environ, "TMPDIR": str(tmpdir)}
+        )
+    try:
+        eventually(lambda: "running: Kubernetes API" in log.read_text(), 60, "started")
+        assert proc.poll() is None, log.read_text()
+        assert [p for p in tmpdir.rglob("*") if p.is_file() and key in p.read_bytes()] == []
+        proc.kill()
+        proc.wait(timeout=10)
+        assert [p for p in tmpdir.rglob("*") if p.is_file() and key in p.read_bytes()] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
