@@ -113,12 +113,13 @@ def _bind(command: str, advice: str) -> socket.socket:
             listener.close()
             if exc.errno != errno.EADDRINUSE:
                 raise NodeBusy(f"cannot take this node's lock @{NAME}: {exc}") from exc
-        found = holder()
+        found = holder()  # refused: between the holder's bind and listen, or it just left
         if found is not None:
             raise NodeBusy(
                 f"another process holds this node's lock (one agent per network namespace, "
                 f"abstract socket @{NAME}): {found}; {advice}"
             )
+        time.sleep(0.05)
     raise NodeBusy(f"this node's lock @{NAME} is taken and released again and again; {advice}")
 
 

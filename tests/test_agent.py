@@ -223,3 +223,47 @@ def test_the_metrics_port_answers_the_proxy_mode_as_kube_proxy(mode):
     finally:
         for server in servers:
             server.close()
+
+
+# ---- cleanup beside a running agent ------------------------------------------------------
+
+
+def test_cleanup_refuses_while_the_node_lock_is_held_unless_forced(monkeypatch, caplog):
+    from ipvsproxy import backends, nodelock
+
+    removed: list[bool] = []
+
+    def cleanup(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:
+        removed.append(dry_run)
+        return ["x"]
+
+    monkeypatch.setattr(backends, "cleanup", cleanup)
+    with nodelock.hold("run"):
+        with pytest.raises(nodelock.NodeBusy, match="stop it first, or give --force"):
+            agent.cleanup(CONFIG, dry_run=False)
+        assert removed == []
+        assert agent.cleanup(CONFIG, dry_run=True) == ["x"]  # a dry run changes nothing
+        assert agent.cleanup(CONFIG, dry_run=False, force=True) == ["x"]
+    assert removed == [True, False]
+    assert any("cleanup --force" in r.message and f"pid {os.getpid()}" in r.message
+               for r in caplog.records)  # fmt: skip
+    assert agent.cleanup(CONFIG, dry_run=False) == ["x"]  # released: no refusal
+
+
+def test_run_once_holds_the_node_lock_from_its_first_step(host, monkeypatch, tmp_path):
+    from ipvsproxy import nodelock
+
+    with nodelock.hold("run"), pytest.raises(nodelock.NodeBusy):
+        agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
+    assert host.steps == []
+    seen: list[object] = []
+
+    def changes_from(*args: object) -> None:
+        seen.append(nodelock.holder())
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(agent, "changes_from", changes_from)
+    with pytest.raises(ConfigError, match="stop here"):
+        agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
+    assert seen
+    assert seen[0] is not None
