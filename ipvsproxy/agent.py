@@ -7,11 +7,15 @@ tracker, a bounded-frequency runner calling the sync pass, metrics and health en
 signals). The threads: one per API watch (or the manifest poller), one per HTTP endpoint,
 and the caller's thread runs the sync loop; the `kubernetes` client is synchronous.
 
+`run()`, `run_once()` and `cleanup()` hold the node's lock (nodelock.py) from their first
+step: a second agent in the same network namespace stops before it touches anything.
+
 Imports: everything below it; never click.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import signal
@@ -20,9 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ipvsproxy import api, backends, manifests, saved_table
+from ipvsproxy import api, backends, manifests, nodelock, saved_table
 from ipvsproxy.backends import (
     BACKENDS,
     IPTABLES,
@@ -44,6 +48,25 @@ if TYPE_CHECKING:
     from ipvsproxy.serve import Health, HttpServer
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _exclusive(command: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """The command holds this node's lock (nodelock.py) from its first step to its last:
+    a second agent in the same network namespace gets `NodeBusy` (exit 2) before it reads
+    its input or touches a setting, a module, a device, IPVS or iptables."""
+
+    def wrap(func: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+            with nodelock.hold(command):
+                return func(*args, **kwargs)
+
+        return locked
+
+    return wrap
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +179,7 @@ def _diff_result(
     return DiffResult(lines, proxier.warnings, notes, planned.repairs)
 
 
+@_exclusive("run --once")
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
     # A short process that builds a large, acyclic heap: the cyclic collector would only
@@ -183,6 +207,7 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     return result
 
 
+@_exclusive("run")
 def run(config: Config, *, source: Source, stop: threading.Event | None = None) -> None:
     """The agent: keep the kernel in sync with the source until SIGTERM/SIGINT or `stop`.
 
@@ -259,9 +284,10 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         servers = _serve(config, metrics.render, health, mode=backend.name)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
+
         try:
             threads = start_sources(halt)
-            with _signals(halt):
+            with _signals(halt, resync=agent_loop.resync):
                 if not stop.is_set():
                     log.info("running: %s", _describe(source))
                     runner.loop()
@@ -397,8 +423,12 @@ def _open_source(
 
 
 @contextmanager
-def _signals(halt: Callable[[], None]) -> Iterator[None]:
-    """SIGTERM/SIGINT stop the agent after the sync in progress; old handlers come back.
+def _signals(
+    halt: Callable[[], None], *, resync: Callable[[], None] = lambda: None
+) -> Iterator[None]:
+    """SIGTERM/SIGINT stop the agent after the sync in progress; SIGHUP (whose default
+    would end it mid-pass) asks for a full resync: the next pass observes everything and
+    repairs drift, as every sync period; old handlers come back.
 
     The handler runs in the main thread between two bytecodes, possibly while that thread
     holds a lock (an Event's, the runner's, a logging handler's): taking any of them again
@@ -416,17 +446,22 @@ def _signals(halt: Callable[[], None]) -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         try:
             os.write(write_end, bytes([signum]))
-        except OSError:  # the pipe is full: a stop is already on its way
+        except OSError:  # the pipe is full: a stop (or a resync) is already on its way
             return
 
     def notice() -> None:
         while received := os.read(read_end, 1):  # b"": the write end closed, we are done
+            if received[0] == signal.SIGHUP:
+                log.info("received SIGHUP: full resync")
+                resync()
+                continue
             log.info("received %s: stopping", signal.Signals(received[0]).name)
             halt()
 
     watcher = threading.Thread(target=notice, name="signals", daemon=True)
     watcher.start()
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    caught = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, handler) for sig in caught}
     try:
         yield
     finally:
@@ -443,10 +478,24 @@ def _describe(source: Source) -> str:
     return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"
 
 
-def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
+def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True, force: bool = False) -> list[str]:
     """Remove (or, with dry_run, list) everything ipvsproxy owns in both backends (without
-    `ipvs`: all but its IPVS table and dummy device)."""
-    return backends.cleanup(config, dry_run=dry_run, ipvs=ipvs)
+    `ipvs`: all but its IPVS table and dummy device). Holding the node's lock: while an
+    agent runs it would rewrite what this removes, so `NodeBusy` unless `force` (then a
+    warning naming the agent). A dry run changes nothing and takes no lock."""
+    if dry_run:
+        return backends.cleanup(config, dry_run=True, ipvs=ipvs)
+    try:
+        with nodelock.hold("cleanup", advice="stop it first, or give --force"):
+            return backends.cleanup(config, dry_run=False, ipvs=ipvs)
+    except nodelock.NodeBusy:
+        if not force:
+            raise
+        log.warning(
+            "cleanup --force: this node's lock is held (%s): what is removed may be written again",
+            nodelock.holder() or "released meanwhile",
+        )
+        return backends.cleanup(config, dry_run=False, ipvs=ipvs)
 
 
 def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:

@@ -77,13 +77,23 @@ class AgentLoop:
         self._failed_passes = 0  # passes in a row that did not complete
         self._waiting_logged: bool | None = False  # None: the first sync has started
         self._last_full = -math.inf
+        # asked for (a failed or stale pass; SIGHUP, from another thread): consumed when a
+        # pass starts, so a request made during a full pass is not swallowed by its end
+        self._full_asked = False
         self._frozen = False
         self.runner: Runner | None = None  # set by the agent; asked for retries
         self.last: PassResult | None = None
 
     def request_full(self) -> None:
-        """Make the next pass a full one (observe everything, repair drift)."""
-        self._last_full = -math.inf
+        """Make the next pass a full one (observe everything, repair drift); safe from any
+        thread."""
+        self._full_asked = True
+
+    def resync(self) -> None:
+        """A full pass now (SIGHUP): asked for, and the runner woken; from any thread."""
+        self.request_full()
+        if self.runner is not None:
+            self.runner.request()
 
     def _ready(self) -> bool:
         """Whether every required kind has listed (said once each way in the log)."""
@@ -102,7 +112,8 @@ class AgentLoop:
         if not self._ready():
             return
         started = self._clock()
-        full = started - self._last_full >= self._config.sync_period * FULL_DUE
+        full = self._full_asked or started - self._last_full >= self._config.sync_period * FULL_DUE
+        self._full_asked = False
         moved = full and self.proxier.refresh_host()  # this host's addresses changed
         changes = self._tracker.take(everything=moved)
         node = changes.node

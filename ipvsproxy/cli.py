@@ -823,9 +823,10 @@ def run(once: bool, cleanup: bool, init_only: bool, **opts: Any) -> None:
 
     Watches the Kubernetes API (--kubeconfig, else in-cluster, else ~/.kube/config), or
     reads --manifests and re-reads them when they change. Stops on SIGTERM/SIGINT, leaving
-    the rules in place. Exit status: 0 stopped (or, with --once, all applied), 1 some
-    operations failed (--once), 2 bad input or the API refused us, 3 no usable backend,
-    4 no IPVS and --no-fallback, 5 IPVS without a tool its firewall rules need.
+    the rules in place; SIGHUP makes the next pass a full resync. Exit status: 0 stopped
+    (or, with --once, all applied), 1 some operations failed (--once), 2 bad input or the
+    API refused us, 3 no usable backend, 4 no IPVS and --no-fallback, 5 IPVS without a tool
+    its firewall rules need.
     """
     from_config_file(opts)
     if opts.pop("write_config_to"):
@@ -945,18 +946,32 @@ def cleanup_lines(removed: list[str], *, dry_run: bool, whose: str) -> list[str]
     "device stay, for kube-proxy's IPVS mode to take over in place (the way back from a "
     "migration: docs/migration.md).",
 )
+@option(
+    "--force",
+    section=OWN,
+    is_flag=True,
+    help="Remove ipvsproxy's objects even while an agent runs on this node (it writes them "
+    "again on its next pass); without it, cleanup refuses then (exit 2).",
+)
 @ownership_options
 @logging_options
 @errors_to_exit
 def cleanup(
-    dry_run: bool, kube_proxy: bool, including_ipvs: bool, keep_ipvs: bool, **opts: Any
+    dry_run: bool,
+    kube_proxy: bool,
+    including_ipvs: bool,
+    keep_ipvs: bool,
+    force: bool,
+    **opts: Any,
 ) -> None:
     """Remove everything ipvsproxy owns, in both backends, and nothing else.
 
     IPVS: its virtual servers (the ownership rule: VIPs on the dummy device, --service-cidr,
     NodePorts on this host's addresses), the VIPs and the dummy device. iptables: its
     chains (IPVSPX-*) and the jumps into them. With --kube-proxy: kube-proxy's leftovers
-    instead; the migration (docs/migration.md) uses both. Exit status: 0 done, 2 error.
+    instead; the migration (docs/migration.md) uses both. While an ipvsproxy agent runs in
+    this network namespace, cleanup of ipvsproxy's own objects refuses (exit 2, naming it)
+    unless --force; --dry-run and --kube-proxy run beside it. Exit status: 0 done, 2 error.
     """
     apply_logging(opts)
     if including_ipvs and not kube_proxy:
@@ -968,7 +983,7 @@ def cleanup(
         removed = agent.cleanup_kube_proxy(config, dry_run=dry_run, ipvs=including_ipvs)
         whose = "kube-proxy's"
     else:
-        removed = agent.cleanup(config, dry_run=dry_run, ipvs=not keep_ipvs)
+        removed = agent.cleanup(config, dry_run=dry_run, ipvs=not keep_ipvs, force=force)
         whose = "ipvsproxy's"
     for line in cleanup_lines(removed, dry_run=dry_run, whose=whose):
         click.echo(line)

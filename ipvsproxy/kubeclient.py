@@ -14,6 +14,16 @@ every request: that runs the loaders' refresh hook, which re-reads a rotated in-
 service-account token and renews an exec plugin's expired one. The generated API classes are
 not used: they build model objects for every response, and `ipvsproxy.kube` reads raw JSON.
 
+Key material never lands on disk. The library writes every `*-data` field of a kubeconfig
+(`client-key-data`, `client-certificate-data`, `certificate-authority-data`, and an exec
+plugin's `clientKeyData`) to a temp file, which ssl then loads by name on every new
+connection; it removes them only at a clean exit, so after `kill -9` the client's private
+key stayed in /tmp. `client()` first replaces the library's one writer of those files
+(`kube_config._create_temp_file_with_content`, a private function: the one exception to not
+patching other packages, for this reason; tests/test_kubeclient.py fails if it moves) with
+`_memory_file()`: an anonymous memory file (memfd_create), named to ssl as /proc/self/fd/N,
+mode 0600, gone with the process however it ends.
+
 Every request is reported to `observe(method, host, code, seconds)` (the agent's
 rest_client_* metrics, as client-go reports its own): `code` is the HTTP status or `<error>`
 when none came, `host` the server's host:port, `seconds` the time to the response headers
@@ -31,6 +41,7 @@ Imports: kubernetes (client, config), urllib3, yaml, errors.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -61,6 +72,7 @@ __all__ = [
 ]
 
 Observe = Callable[[str, str, str, float | None], None]
+log = logging.getLogger(__name__)
 
 
 def unobserved(method: str, host: str, code: str, seconds: float | None) -> None:
@@ -235,6 +247,7 @@ def client(
     The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
     with backoff itself, and a hidden retry would only delay seeing a failure.
     """
+    _keep_key_material_in_memory()
     configuration = Configuration()
     if kubeconfig is not None:
         if not kubeconfig.is_file():
@@ -294,3 +307,47 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, _SHAPE):
         return f"not a well-formed kubeconfig ({exc})"
     return " ".join(str(exc).split())
+
+
+# content -> the memory file holding it (the library's cache does the same with its files:
+# a context read again, or an exec plugin's renewed credential, reuses or adds one)
+_memory_files: dict[bytes, int] = {}
+_memory_lock = threading.Lock()
+
+
+def _keep_key_material_in_memory() -> None:
+    """Have the library write `*-data` fields to memory files, not temp files (see above)."""
+    if not hasattr(kube_config, "_create_temp_file_with_content"):
+        log.warning(
+            "kubernetes %s: cannot keep kubeconfig key material in memory; it may be written "
+            "to temp files",
+            LIBRARY_VERSION,
+        )
+        return
+    kube_config._create_temp_file_with_content = _memory_file
+
+
+def _memory_file(
+    content: str | bytes, temp_file_path: Any = None, force_recreate: bool = False
+) -> str:
+    """The library's `_create_temp_file_with_content`, in memory: the path of an anonymous
+    file (memfd) holding `content` (`temp_file_path`, `force_recreate`: the library's
+    arguments, moot here: nothing is on disk, nothing can vanish)."""
+    data = content.encode() if isinstance(content, str) else bytes(content)
+    with _memory_lock:
+        fd = _memory_files.get(data)
+        if fd is None:
+            try:
+                fd = os.memfd_create("ipvsproxy-kubeconfig", os.MFD_CLOEXEC)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot keep the kubeconfig's key material in memory: memfd_create: {exc}"
+                ) from exc
+            os.fchmod(fd, 0o600)
+            with open(fd, "wb", closefd=False) as memory:
+                memory.write(data)
+            _memory_files[data] = fd
+    path = f"/proc/self/fd/{fd}"
+    if not os.path.isfile(path):
+        raise ConfigError(f"cannot name the kubeconfig's key material to ssl: no {path} (/proc?)")
+    return path

@@ -19,3 +19,14 @@ def _no_host_firewall(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(self, args, stdin=stdin)
 
     monkeypatch.setattr(Commands, "run", guarded)
+
+
+@pytest.fixture(autouse=True)
+def _own_node_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own agent lock name: test runs side by side on one host (and an agent
+    running there) never see each other's lock."""
+    import uuid
+
+    from ipvsproxy import nodelock
+
+    monkeypatch.setattr(nodelock, "NAME", f"ipvsproxy-test/{uuid.uuid4().hex}")

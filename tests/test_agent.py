@@ -36,6 +36,20 @@ def test_a_real_sigterm_halts_once_and_is_logged_outside_the_handler(caplog):
     assert record.threadName == "signals"  # not the main thread, where the handler ran
 
 
+def test_sighup_is_logged_and_asks_for_a_full_resync_without_stopping(caplog):
+    """Issue 28: SIGHUP's default action ended the agent mid-pass without a log line."""
+    caplog.set_level(logging.INFO, logger="ipvsproxy.agent")
+    halted, resynced = threading.Event(), threading.Event()
+    with _signals(halted.set, resync=resynced.set):
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert resynced.wait(5)
+    assert not halted.is_set()
+    (record,) = [r for r in caplog.records if "received SIGHUP" in r.message]
+    assert "full resync" in record.message
+    assert record.threadName == "signals"
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the old handler is back
+
+
 def test_the_handler_returns_while_the_main_thread_holds_the_lock_halt_needs(caplog):
     """The deadlock a signal could cause: one arriving while the main thread holds a lock that
     halting (or logging) takes again. The handler must return at once; the halt follows."""
@@ -209,3 +223,47 @@ def test_the_metrics_port_answers_the_proxy_mode_as_kube_proxy(mode):
     finally:
         for server in servers:
             server.close()
+
+
+# ---- cleanup beside a running agent ------------------------------------------------------
+
+
+def test_cleanup_refuses_while_the_node_lock_is_held_unless_forced(monkeypatch, caplog):
+    from ipvsproxy import backends, nodelock
+
+    removed: list[bool] = []
+
+    def cleanup(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:
+        removed.append(dry_run)
+        return ["x"]
+
+    monkeypatch.setattr(backends, "cleanup", cleanup)
+    with nodelock.hold("run"):
+        with pytest.raises(nodelock.NodeBusy, match="stop it first, or give --force"):
+            agent.cleanup(CONFIG, dry_run=False)
+        assert removed == []
+        assert agent.cleanup(CONFIG, dry_run=True) == ["x"]  # a dry run changes nothing
+        assert agent.cleanup(CONFIG, dry_run=False, force=True) == ["x"]
+    assert removed == [True, False]
+    assert any("cleanup --force" in r.message and f"pid {os.getpid()}" in r.message
+               for r in caplog.records)  # fmt: skip
+    assert agent.cleanup(CONFIG, dry_run=False) == ["x"]  # released: no refusal
+
+
+def test_run_once_holds_the_node_lock_from_its_first_step(host, monkeypatch, tmp_path):
+    from ipvsproxy import nodelock
+
+    with nodelock.hold("run"), pytest.raises(nodelock.NodeBusy):
+        agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
+    assert host.steps == []
+    seen: list[object] = []
+
+    def changes_from(*args: object) -> None:
+        seen.append(nodelock.holder())
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(agent, "changes_from", changes_from)
+    with pytest.raises(ConfigError, match="stop here"):
+        agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
+    assert seen
+    assert seen[0] is not None

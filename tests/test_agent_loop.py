@@ -343,3 +343,30 @@ def test_a_change_right_after_a_first_pass_longer_than_the_period_is_a_partial_p
     assert agent.kernel.observations == observations
     assert len(next(iter(agent.kernel.state.dests.values()))) == 2
     assert next_run(runner, clock) == pytest.approx(CONFIG.sync_period)
+
+
+def test_a_full_pass_asked_for_during_a_full_pass_is_the_next_one(monkeypatch):
+    """SIGHUP (agent._signals) asks from another thread, possibly while a full pass runs:
+    the end of that pass must not swallow the request (issue 28)."""
+    agent, runner, clock = driven_agent()
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    real_apply = agent.sync.proxier.apply
+
+    def apply(planned):
+        agent.sync.resync()  # the signal's thread, in the middle of this pass
+        return real_apply(planned)
+
+    def last_full() -> bool:
+        assert agent.sync.last is not None
+        return agent.sync.last.full
+
+    with monkeypatch.context() as patched:
+        patched.setattr(agent.sync.proxier, "apply", apply)
+        runner.run_if_due()
+    assert last_full()
+    clock.now += 1
+    assert runner.run_if_due() == 0  # woken: due at once
+    assert last_full()  # the request made during the first pass
+    clock.now += 1
+    agent.sync()
+    assert not last_full()  # asked once, done once

@@ -263,7 +263,7 @@ def test_the_warnings_of_the_command_line_come_in_the_format_it_asks_for(monkeyp
 def test_cleanup_keep_ipvs_asks_for_the_rules_only(monkeypatch):
     asked: list[bool] = []
 
-    def cleanup(config, *, dry_run, ipvs):
+    def cleanup(config, *, dry_run, ipvs, force=False):
         asked.append(ipvs)
         return []
 
