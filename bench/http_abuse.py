@@ -13,7 +13,8 @@ health-check node ports (ServiceHealth), all on 127.0.0.1. This process then
    held open) to the health port and probes again meanwhile.
 The attackers run in a process of their own, so the
 probes time the server, not the prober's contention with them. It prints p50/p99/max of
-each phase, and the server's thread count and open descriptors.
+each phase, and the server's threads, open descriptors, RSS and CPU seconds half way
+through it.
 A probe that fails or takes more than 2 s counts as 2 s. Raises its own soft descriptor
 limit (and the server's) to the hard limit; needs about slow + burst + 2,000 descriptors.
 Needs no root and no namespace: loopback only.
@@ -137,7 +138,12 @@ def server_load(pid: int) -> str:
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     with open(f"/proc/{pid}/status") as status:
         rss = next(line for line in status if line.startswith("VmRSS")).split()[1]
-    return f"server: {threads} threads, {fds} descriptors, RSS {int(rss) // 1024} MiB"
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (
+        f"server: {threads} threads, {fds} descriptors, RSS {int(rss) // 1024} MiB, CPU {cpu:.1f} s"
+    )
 
 
 def attack(port: int, hc_ports: list[int], slow: int, count: int, go: Any) -> None:
@@ -174,11 +180,17 @@ def main() -> None:
         report("idle", probes(targets, 50))
         attackers.start()
         time.sleep(2)
-        report(f"{opts.slow} slow clients", probes(targets, opts.probes))
-        print(server_load(proc.pid))
+        half = probes(targets, opts.probes // 2)
+        load = server_load(proc.pid)
+        report(f"{opts.slow} slow clients", half + probes(targets, opts.probes - len(half)))
+        print(load)
         go.set()
-        report(f"+ {opts.burst} connections at once", probes(targets, opts.probes))
-        print(server_load(proc.pid))
+        half = probes(targets, opts.probes // 2)
+        load = server_load(proc.pid)
+        report(
+            f"+ {opts.burst} connections at once", half + probes(targets, opts.probes - len(half))
+        )
+        print(load, "(half way through each phase)")
     finally:
         attackers.kill()
         proc.kill()

@@ -139,7 +139,7 @@ def parse_bind_address(text: str, *, option: str) -> tuple[str, int]:
 
 MAX_HEAD = 8192  # bytes of request line and headers (kube-proxy's probes send ~100)
 BACKLOG = 4096  # the listen queue (Linux caps it at net.core.somaxconn, 4096 by default)
-ACCEPT_BATCH = 128  # connections accepted in one loop iteration (asyncio's `backlog`)
+ACCEPT_BATCH = 128  # connections accepted in one loop iteration
 MAX_CONNECTIONS = 2048  # open at once in the process; half the descriptor limit if lower
 
 
@@ -162,7 +162,7 @@ class HttpServer:
     body), 501 for other methods. Bounded, whatever clients do:
     - a connection has `request_timeout` seconds in all from its accept, for its request
       head and for our answer (one deadline, not per byte: a client trickling its request
-      is cut at the deadline), and is then aborted;
+      is cut at the deadline), and is then closed;
     - a request head (request line and headers) of more than `max_head` bytes gets 431;
     - at most `max_connections()` connections are open in the process: the next one
       accepted closes the oldest (`_Connections` says why).
@@ -186,7 +186,6 @@ class HttpServer:
         self._sock = _listen(address)
         self.port: int = self._sock.getsockname()[1]
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.Server | None = None
         self.open: set[_Connection] = set()  # touched in the loop's thread only
 
     def start(self) -> HttpServer:
@@ -199,7 +198,7 @@ class HttpServer:
         return self
 
     def close(self) -> None:
-        """Stops listening and aborts this server's open connections at once."""
+        """Stops listening and closes this server's open connections at once."""
         loop, self._loop = self._loop, None
         if loop is None:
             self._sock.close()
@@ -211,20 +210,34 @@ class HttpServer:
             REACTOR.release()
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), sock=self._sock, backlog=ACCEPT_BATCH
-        )
-        # asyncio listens again with its `backlog`, which is also how many connections it
-        # accepts per loop iteration: a short batch keeps the loop answering between two,
-        # a long queue keeps a burst of connections from dropping a probe's SYN (1 s lost)
-        self._sock.listen(BACKLOG)
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._accept)
 
     async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._sock.fileno())
         for conn in list(self.open):
-            conn.abort()
+            conn.close()
+
+    def _accept(self) -> None:
+        """Accepts up to ACCEPT_BATCH connections (in the loop's thread): a short batch keeps
+        the loop answering between two, the long listen queue (BACKLOG) keeps a burst of
+        connections from dropping a probe's SYN (a second lost)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors or memory: try again shortly
+                log.warning("http: cannot accept on port %d: %s", self.port, exc)
+                self._pause()
+                return
+            _Connection(self, sock)
+
+    def _pause(self) -> None:
+        assert self._loop is not None
+        fd = self._sock.fileno()
+        self._loop.remove_reader(fd)
+        self._loop.call_later(0.1, lambda: self._loop and self._loop.add_reader(fd, self._accept))
 
     def answer(self, method: str, target: str) -> Headed:
         """The reply to one request, computed in the event loop's thread."""
@@ -284,7 +297,7 @@ class _Connections:
             oldest = next(iter(self._open))
             del self._open[oldest]
             self.evicted += 1
-            oldest.abort()
+            oldest.close()
         self._open[conn] = None
 
     def remove(self, conn: _Connection) -> None:
@@ -294,27 +307,35 @@ class _Connections:
         return len(self._open)
 
 
-class _Connection(asyncio.Protocol):
-    """One client: its request head is collected until the blank line, then answered."""
+class _Connection:
+    """One client, on its non-blocking socket: its request head is read until the blank
+    line, then answered and the connection closed (no transport, no task: a few callbacks
+    on the loop, so a burst of connections costs little)."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, sock: socket.socket) -> None:
         self.server = server
-        self.transport: asyncio.Transport | None = None
+        self.sock = sock
+        self.fd = sock.fileno()
         self.head = bytearray()
-        self.answered = False
-        self.deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        loop = asyncio.get_running_loop()
-        self.deadline = loop.call_later(self.server.request_timeout, self.abort)
-        self.server.open.add(self)
+        self.out = memoryview(b"")
+        self.closed = False
+        sock.setblocking(False)
+        loop = self.loop = asyncio.get_running_loop()
+        self.deadline = loop.call_later(server.request_timeout, self.close)
+        server.open.add(self)
         REACTOR.connections.add(self)
+        loop.add_reader(self.fd, self.readable)
 
-    def data_received(self, data: bytes) -> None:
-        if self.answered:
-            return  # a body or more requests: not read, the connection closes
+    def readable(self) -> None:
+        try:
+            data = self.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
         searched = max(0, len(self.head) - 3)  # the blank line may straddle two reads
         self.head += data
         end = _head_end(self.head, searched)
@@ -333,8 +354,10 @@ class _Connection(asyncio.Protocol):
         self.reply(method, self.server.answer(method, target))
 
     def reply(self, method: str, reply: Headed) -> None:
+        """Sends the answer (the rest when the socket can take it) and then closes; what the
+        client sends meanwhile is not read."""
         status, ctype, body, headers = reply
-        self.answered = True
+        self.loop.remove_reader(self.fd)
         self.head = bytearray()
         lines = [
             f"HTTP/1.1 {status} {_reason(status)}",
@@ -344,20 +367,36 @@ class _Connection(asyncio.Protocol):
             f"Content-Length: {len(body)}",
             "Connection: close",
         ]
-        assert self.transport is not None
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.transport.write(data if method == "HEAD" else data + body)
-        self.transport.close()  # once written; the deadline still runs meanwhile
+        self.out = memoryview(data if method == "HEAD" else data + body)
+        if self.writable():
+            self.loop.add_writer(self.fd, self.writable)
 
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+    def writable(self) -> bool:
+        """Sends what it can; True while some is left (the deadline still runs)."""
+        try:
+            sent = self.sock.send(self.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self.close()
+            return False
+        self.out = self.out[sent:]
+        if self.out:
+            return True
+        self.close()
+        return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        self.deadline.cancel()
         self.server.open.discard(self)
         REACTOR.connections.remove(self)
+        self.sock.close()
 
 
 def _head_end(data: bytearray, start: int) -> int:

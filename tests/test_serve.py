@@ -203,6 +203,19 @@ def test_a_trickling_client_is_cut_at_the_deadline_of_the_whole_request():
         assert elapsed < 3
 
 
+def test_a_client_that_never_reads_a_large_answer_is_closed_at_the_deadline():
+    big = {"/big": lambda: (200, "text/plain", b"x" * (8 << 20))}
+    with serving(request_timeout=0.5, routes=big) as server, ExitStack() as stack:
+        sock = silent_client(server, stack)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /big HTTP/1.1\r\n\r\n")
+        eventually(lambda: len(server.open) == 1, 5.0)
+        eventually(lambda: not server.open, 3.0, "closed at its deadline, answer unsent")
+        with serving() as other:
+            assert get(other) == b"ok\n"
+        assert len(exchange(server.port, b"GET /big HTTP/1.1\r\n\r\n")) > 8 << 20
+
+
 def test_a_request_head_over_the_limit_gets_431():
     with serving() as server:
         big = b"GET /healthz HTTP/1.1\r\n" + b"X-Big: " + b"y" * serve.MAX_HEAD + b"\r\n\r\n"
