@@ -72,7 +72,8 @@ def probe(port: int, path: str = "/healthz", *, timeout: float = 2.0) -> float:
         answer = exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), timeout=timeout)
     except OSError:
         return timeout
-    return time.monotonic() - started if answer.startswith(b"HTTP/1.1 200") else timeout
+    ok = answer.split(b"\r\n", 1)[0].split(b" ")[1:2] == [b"200"]
+    return time.monotonic() - started if ok else timeout
 
 
 def p99(samples: list[float]) -> float:
