@@ -14,6 +14,11 @@ the NodePort addresses when `--nodeport-addresses` restricts them, else on every
 (`::`, dual-stack; `0.0.0.0` where the host has no IPv6). A port that cannot be bound is
 logged once, counted (`on_bind_error`) and tried again at the next sync, never fatal.
 
+Every port is an `HttpServer` (serve.py): all of them, whatever their number, share the
+process's one HTTP event loop and thread, its per-connection deadline, head limit and cap
+on open connections, so slow clients on one port delay no answer on another. Answers are
+computed in that loop's thread (`_answer` takes the lock `sync` holds only briefly).
+
 Imports: serve, errors, model, the standard library.
 """
 

@@ -2,23 +2,31 @@
 
 Owns: `Health` (kube-proxy's meaning: unhealthy when a queued sync has not completed within
 2 x the sync period; /healthz also when this node is not eligible), `HttpServer` (a small
-threaded server for a few fixed routes, or any path: at most `workers` requests at once,
-each given `request_timeout` seconds in all, so a client that connects and sends nothing,
-or trickles, cannot hold a thread or pile up new ones), and `parse_bind_address`.
+event-driven server for a few fixed routes, or any path), and `parse_bind_address`.
+
+Every `HttpServer` of the process (the health and metrics ports, every health-check node
+port) runs on one asyncio event loop in one daemon thread: a client costs a descriptor and a
+few kilobytes, never a thread, so a thousand clients trickling their requests a byte at a
+time (or ten thousand connecting at once) do not delay a probe. Each connection has one
+deadline for its whole request, its head a size limit, and the process a cap on open
+connections beyond which the oldest is closed (issue 28).
 
 Imports: errors, the standard library.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import resource
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.utils import formatdate
+from http import HTTPStatus
 from ipaddress import ip_address
 from typing import Any
 
@@ -129,12 +137,35 @@ def parse_bind_address(text: str, *, option: str) -> tuple[str, int]:
     return host, number
 
 
-class HttpServer:
-    """Serves fixed routes from a daemon thread; `port` is the bound port (0 picks one).
+MAX_HEAD = 8192  # bytes of request line and headers (kube-proxy's probes send ~100)
+BACKLOG = 4096  # the listen queue (Linux caps it at net.core.somaxconn, 4096 by default)
+ACCEPT_BATCH = 128  # connections accepted in one loop iteration
+MAX_CONNECTIONS = 2048  # open at once in the process; half the descriptor limit if lower
 
-    Bounded: at most `workers` handler threads; a connection that finds them all busy waits
-    (for at most `request_timeout`) and is then closed unanswered. Each request has
-    `request_timeout` seconds from its start to its end, whatever the client does.
+
+def max_connections() -> int:
+    """The process's cap on open HTTP connections: MAX_CONNECTIONS, or half the soft limit
+    of open descriptors if that is lower (the rest stay for netlink, the API, iptables)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, soft // 2))
+
+
+class HttpServer:
+    """Serves fixed routes (or any path: route "*") on `address`; `port` is the bound port
+    (0 picks one). The port is bound by the constructor (ConfigError if it cannot be), and
+    served from `start()` until `close()` on the process's one event loop (`_Reactor`).
+
+    One request per connection, answered with `Connection: close` (as kube-proxy's probes
+    and cloud load balancers use the port); GET, and HEAD (the same answer without its
+    body), 501 for other methods. Bounded, whatever clients do:
+    - a connection has `request_timeout` seconds in all from its accept, for its request
+      head and for our answer (one deadline, not per byte: a client trickling its request
+      is cut at the deadline), and is then closed;
+    - a request head (request line and headers) of more than `max_head` bytes gets 431;
+    - at most `max_connections()` connections are open in the process: the next one
+      accepted closes the oldest (`_Connections` says why).
     """
 
     def __init__(
@@ -142,139 +173,287 @@ class HttpServer:
         address: tuple[str, int],
         routes: Mapping[str, Route],
         *,
-        workers: int = 8,
         request_timeout: float = 5.0,
+        max_head: int = MAX_HEAD,
     ) -> None:
-        handler = _handler(dict(routes), request_timeout)
-        family_v6 = ":" in address[0]
-        server_class = _V6Server if family_v6 else _BoundedServer
-        try:
-            self._server = server_class(
-                address, handler, workers=workers, request_timeout=request_timeout
+        if request_timeout <= 0 or max_head < 64:
+            raise ValueError(
+                f"need request_timeout > 0 ({request_timeout}) and max_head >= 64 ({max_head})"
             )
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {address[0]}:{address[1]}: {exc}") from exc
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": _REAP_INTERVAL},
-            name=f"http-{self.port}",
-            daemon=True,
-        )
+        self._routes = dict(routes)
+        self.request_timeout = request_timeout
+        self.max_head = max_head
+        self._sock = _listen(address)
+        self.port: int = self._sock.getsockname()[1]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.open: set[_Connection] = set()  # touched in the loop's thread only
 
     def start(self) -> HttpServer:
-        self._thread.start()
+        self._loop = REACTOR.acquire()
+        try:
+            _call(self._loop, self._start())
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
-        self._server.closing.set()
-        self._server.shutdown()
-        self._server.server_close()
+        """Stops listening and closes this server's open connections at once."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            self._sock.close()
+            return
+        try:
+            _call(loop, self._stop())
+        finally:
+            self._sock.close()
+            REACTOR.release()
+
+    async def _start(self) -> None:
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._accept)
+
+    async def _stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._sock.fileno())
+        for conn in list(self.open):
+            conn.close()
+
+    def _accept(self) -> None:
+        """Accepts up to ACCEPT_BATCH connections (in the loop's thread): a short batch keeps
+        the loop answering between two, the long listen queue (BACKLOG) keeps a burst of
+        connections from dropping a probe's SYN (a second lost)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors or memory: try again shortly
+                log.warning("http: cannot accept on port %d: %s", self.port, exc)
+                self._pause()
+                return
+            _Connection(self, sock)
+
+    def _pause(self) -> None:
+        assert self._loop is not None
+        fd = self._sock.fileno()
+        self._loop.remove_reader(fd)
+        self._loop.call_later(0.1, lambda: self._loop and self._loop.add_reader(fd, self._accept))
+
+    def answer(self, method: str, target: str) -> Headed:
+        """The reply to one request, computed in the event loop's thread."""
+        if method not in ("GET", "HEAD"):
+            return 501, "text/plain", b"not implemented\n", {}
+        route = self._routes.get(target.split("?", 1)[0]) or self._routes.get("*")
+        if route is None:
+            return 404, "text/plain", b"not found\n", {}
+        try:
+            reply = route()
+        except Exception:  # a bug in a route: a 500, and the server goes on
+            log.exception("http: answering %r failed", target)
+            return 500, "text/plain", b"internal error\n", {}
+        return reply[0], reply[1], reply[2], reply[3] if len(reply) > 3 else {}
 
 
-_REAP_INTERVAL = 0.1  # seconds between two looks for overdue requests
+def _listen(address: tuple[str, int]) -> socket.socket:
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # "::" serves IPv4 too, whatever the host's default
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+    return sock
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer with a semaphore of `workers` slots and a deadline per request.
+def _call(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> None:
+    """Runs `work` on the event loop and waits for it (from any other thread)."""
+    asyncio.run_coroutine_threadsafe(work, loop).result(timeout=30)
 
-    The accept loop (one thread) takes a slot before starting a handler thread, so there are
-    never more than `workers` of them; while it waits, further connections wait in the
-    listen backlog. Between polls it closes (shuts down) every request past its deadline:
-    the handler's blocked read or write then returns and its thread ends.
+
+class _Connections:
+    """The open connections of every server, oldest first, capped.
+
+    At the cap, the next connection accepted closes the oldest one rather than being refused:
+    a probe sends its request as it connects and is answered within a millisecond, so the
+    oldest connection is almost always one holding the server without finishing its request.
+    Refusing instead would let as many slow clients as the cap lock every probe out for as
+    long as they keep reconnecting; closing the oldest makes an attacker open connections
+    faster than a probe is answered to crowd one out. Descriptors stay bounded either way.
     """
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
-        *,
-        workers: int,
-        request_timeout: float,
-    ) -> None:
-        if workers < 1 or request_timeout <= 0:
-            raise ValueError(f"need workers >= 1 ({workers}) and request_timeout > 0")
-        self.request_timeout = request_timeout
-        self.closing = threading.Event()
-        self._slots = threading.BoundedSemaphore(workers)
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.evicted = 0
+        self._open: dict[_Connection, None] = {}  # insertion order: oldest first
+
+    def add(self, conn: _Connection) -> None:
+        while len(self._open) >= self.cap:
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            self.evicted += 1
+            oldest.close()
+        self._open[conn] = None
+
+    def remove(self, conn: _Connection) -> None:
+        self._open.pop(conn, None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+class _Connection:
+    """One client, on its non-blocking socket: its request head is read until the blank
+    line, then answered and the connection closed (no transport, no task: a few callbacks
+    on the loop, so a burst of connections costs little)."""
+
+    def __init__(self, server: HttpServer, sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.head = bytearray()
+        self.out = memoryview(b"")
+        self.closed = False
+        sock.setblocking(False)
+        loop = self.loop = asyncio.get_running_loop()
+        self.deadline = loop.call_later(server.request_timeout, self.close)
+        server.open.add(self)
+        REACTOR.connections.add(self)
+        loop.add_reader(self.fd, self.readable)
+
+    def readable(self) -> None:
+        try:
+            data = self.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        searched = max(0, len(self.head) - 3)  # the blank line may straddle two reads
+        self.head += data
+        end = _head_end(self.head, searched)
+        if end > self.server.max_head or (end < 0 and len(self.head) > self.server.max_head):
+            self.reply("GET", (431, "text/plain", b"request header fields too large\n", {}))
+        elif end >= 0:
+            self.request(bytes(self.head[:end]))
+
+    def request(self, head: bytes) -> None:
+        line = head.split(b"\n", 1)[0].rstrip(b"\r").decode("latin-1")
+        parts = line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            self.reply("GET", (400, "text/plain", b"bad request\n", {}))
+            return
+        method, target, _ = parts
+        self.reply(method, self.server.answer(method, target))
+
+    def reply(self, method: str, reply: Headed) -> None:
+        """Sends the answer (the rest when the socket can take it) and then closes; what the
+        client sends meanwhile is not read."""
+        status, ctype, body, headers = reply
+        self.loop.remove_reader(self.fd)
+        self.head = bytearray()
+        lines = [
+            f"HTTP/1.1 {status} {_reason(status)}",
+            f"Date: {formatdate(usegmt=True)}",
+            f"Content-Type: {ctype}",
+            *(f"{name}: {value}" for name, value in headers.items()),
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+        ]
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.out = memoryview(data if method == "HEAD" else data + body)
+        if self.writable():
+            self.loop.add_writer(self.fd, self.writable)
+
+    def writable(self) -> bool:
+        """Sends what it can; True while some is left (the deadline still runs)."""
+        try:
+            sent = self.sock.send(self.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self.close()
+            return False
+        self.out = self.out[sent:]
+        if self.out:
+            return True
+        self.close()
+        return False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        self.deadline.cancel()
+        self.server.open.discard(self)
+        REACTOR.connections.remove(self)
+        self.sock.close()
+
+
+def _head_end(data: bytearray, start: int) -> int:
+    """Where the request head ends (its blank line; bare line feeds accepted as
+    BaseHTTPRequestHandler did), or -1."""
+    ends = [i for i in (data.find(b"\r\n\r\n", start), data.find(b"\n\n", start)) if i >= 0]
+    return min(ends, default=-1)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+class _Reactor:
+    """The process's one event loop for HTTP, run by a daemon thread named `http` from the
+    first server started until the last one closes."""
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._deadlines: dict[socket.socket, float] = {}
-        super().__init__(address, handler)
+        self._users = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.connections = _Connections(MAX_CONNECTIONS)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """In the accept loop: wait for a free slot, then handle in a thread of its own."""
-        give_up = time.monotonic() + self.request_timeout
-        while not self._slots.acquire(timeout=_REAP_INTERVAL):
-            self.service_actions()  # requests past their deadline free their slots
-            if self.closing.is_set() or time.monotonic() >= give_up:
-                log.debug("http: %d requests busy, closing a connection from %s",
-                          self._busy(), client_address)  # fmt: skip
-                self.shutdown_request(request)
+    def acquire(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self.connections = _Connections(max_connections())
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(
+                    target=_run, args=(self._loop,), name="http", daemon=True
+                )
+                self._thread.start()
+            self._users += 1
+            return self._loop
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0 or self._loop is None:
                 return
-        thread = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name=f"http-{self.server_address[1]}-request",
-            daemon=True,
-        )
-        try:
-            thread.start()
-        except RuntimeError:  # no thread could be started: refuse, keep serving
-            self._slots.release()
-            self.shutdown_request(request)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        with self._lock:
-            self._deadlines[request] = time.monotonic() + self.request_timeout
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._lock:
-                del self._deadlines[request]
-            self._slots.release()
-
-    def service_actions(self) -> None:
-        """Shut down the sockets of requests past their deadline (their threads then end)."""
-        now = time.monotonic()
-        with self._lock:
-            overdue = [sock for sock, deadline in self._deadlines.items() if deadline <= now]
-        for sock in overdue:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # closed meanwhile
-                continue
-
-    def _busy(self) -> int:
-        with self._lock:
-            return len(self._deadlines)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client gone or cut off at its deadline: not worth a traceback on stderr."""
-        log.debug("http: request from %s failed", client_address, exc_info=True)
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
 
-class _V6Server(_BoundedServer):
-    address_family = socket.AF_INET6
+def _run(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
 
 
-def _handler(routes: dict[str, Route], timeout_s: float) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        # each socket operation (the whole request: see _BoundedServer.service_actions)
-        timeout = timeout_s
-
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            route = routes.get(self.path.split("?", 1)[0]) or routes.get("*")  # "*": any path
-            reply = route() if route else (404, "text/plain", b"not found\n")
-            status, ctype, body = reply[:3]
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            for name, value in (reply[3] if len(reply) > 3 else {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("http: " + format, *args)
-
-    return Handler
+REACTOR = _Reactor()

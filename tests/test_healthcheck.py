@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from ipaddress import ip_address
@@ -22,7 +24,8 @@ from ipvsproxy.serve import Health
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import ep, node, parse_node, parse_service, port, service, slice_
-from tests.support import free_port, sample
+from tests.support import eventually, free_port, sample
+from tests.test_serve import SLOW_CLIENTS, Tricklers, p99, probe
 
 LOCAL = ["127.0.0.1"]
 
@@ -114,6 +117,23 @@ def test_every_address_when_unrestricted(checks):
     free = free_port()
     server.sync({"default/web": (free, 1)})
     assert get(free)[0] == 200  # "::" is dual-stack: 127.0.0.1 reaches it
+
+
+def test_node_ports_answer_within_100_ms_p99_while_slow_clients_trickle_on_one_thread(checks):
+    """Twenty Services' node ports on the process's one HTTP thread; 200 clients trickle
+    their requests into two of them (issue 28)."""
+    server, _, _ = checks
+    before = threading.active_count()
+    ports = [free_port() for _ in range(20)]
+    server.sync({f"default/s{i}": (p, 1) for i, p in enumerate(ports)}, [ip_address("127.0.0.1")])
+    assert threading.active_count() == before + 1
+    half = SLOW_CLIENTS // 2
+    with Tricklers(ports[0], half), Tricklers(ports[1], half):
+        time.sleep(0.5)
+        latencies = [probe(ports[i % 3], "/") for i in range(300)]
+    assert p99(latencies) < 0.1, sorted(latencies)[-5:]
+    server.sync({}, [ip_address("127.0.0.1")])
+    eventually(lambda: threading.active_count() == before, 5.0, "the HTTP thread ends")
 
 
 # ---- what the proxier hands over ---------------------------------------------------------
