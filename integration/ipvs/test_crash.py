@@ -1,4 +1,4 @@
-"""Crash safety in CI: a few rounds of bench/crash.py (kill -9 during a first sync and during a
+"""Crash safety in CI: two rounds of bench/crash.py (kill -9 during a first sync and during a
 large change, restart; the table converges within one first sync's time, the foreign virtual
 server untouched, `diff` in sync). The 20-round run at 1000 x 10: bench/crash.py. Run by
 scripts/vm-test inside the IPVS VM."""
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.vm
 
 def test_kill_9_at_random_moments_then_restart_converges() -> None:
     seed = random.SystemRandom().randrange(1 << 30)
-    rounds = crash_rounds(services=100, dests=10, points=3, seed=seed)
+    rounds = crash_rounds(services=100, dests=10, points=2, seed=seed)
     failed = [r.line() for r in rounds if r.problem]
-    again = f"bench/crash.py --seed {seed} --services 100 --points 3"
+    again = f"bench/crash.py --seed {seed} --services 100 --points 2"
     assert not failed, f"{again}: {failed}"
-    assert len(rounds) == 3
+    assert len(rounds) == 2
