@@ -40,6 +40,7 @@ from ipvsproxy.model import (
     IpvsState,
     Op,
     RSKey,
+    Traffic,
     UpdateDest,
     UpdateService,
     VSKey,
@@ -162,6 +163,9 @@ class FailClosed:
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         return self.kernel.connections(key)
+
+    def traffic(self) -> Mapping[VSKey, Traffic]:
+        return self.kernel.traffic()
 
     def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
         allowed: list[Op] = []

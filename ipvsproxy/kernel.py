@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ipvsproxy.errors import KernelError
-from ipvsproxy.model import IpvsState, Op, RSKey, VSKey
+from ipvsproxy.model import IpvsState, Op, RSKey, Traffic, VSKey
 
 Plan = tuple[Op, ...]
 
@@ -74,4 +74,10 @@ class Kernel(Protocol):
         Used to drain removed endpoints; a backend without such counters returns {} (every
         destination then counts as idle). Raises KernelError (NotFound for no such service).
         """
+        ...
+
+    def traffic(self) -> Mapping[VSKey, Traffic]:
+        """Counters of every virtual server and its destinations, read when asked (`status`,
+        the per-Service metrics), never on the sync path. A backend without counters (the
+        iptables fallback) returns {}."""
         ...

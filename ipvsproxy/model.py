@@ -125,6 +125,35 @@ class RealServer:
 Dests = Mapping[RSKey, RealServer]
 
 
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Cumulative IPVS statistics of a virtual server or a destination, as the kernel keeps
+    them since the object was added (struct ip_vs_kstats): rates come from two readings."""
+
+    connections: int = 0  # connections scheduled
+    packets_in: int = 0
+    packets_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DestTraffic:
+    """A destination's connection counts now, and its counters."""
+
+    active: int = 0
+    inactive: int = 0
+    counters: Counters = Counters()
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """A virtual server's counters and its destinations'."""
+
+    counters: Counters = Counters()
+    dests: Mapping[RSKey, DestTraffic] = field(default_factory=dict)
+
+
 class Addressed(Protocol):
     """Anything with an address (an endpoint view): what `destinations()` reads."""
 

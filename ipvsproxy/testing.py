@@ -9,6 +9,7 @@ Imports: model, kernel, errors.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import KernelError, NotFound
@@ -16,10 +17,12 @@ from ipvsproxy.kernel import ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     EMPTY,
     Dests,
+    DestTraffic,
     IPAddress,
     IpvsState,
     Op,
     RSKey,
+    Traffic,
     VirtualServer,
     VSKey,
     execute,
@@ -39,6 +42,7 @@ class FakeKernel:
         self.errors: dict[Op, KernelError] = {}
         self.observations = 0
         self.conns: dict[VSKey, dict[RSKey, tuple[int, int]]] = {}  # set by tests
+        self.counters: dict[VSKey, Traffic] = {}  # set by tests (conns above set active/inactive)
 
     @property
     def state(self) -> IpvsState:
@@ -59,6 +63,20 @@ class FakeKernel:
             raise NotFound(f"no virtual server {key}")
         counts = self.conns.get(key, {})
         return {rs: counts.get(rs, (0, 0)) for rs in self._dests.get(key, {})}
+
+    def traffic(self) -> Mapping[VSKey, Traffic]:
+        out: dict[VSKey, Traffic] = {}
+        for key, dests in self._dests.items():
+            given = self.counters.get(key, Traffic())
+            conns = self.conns.get(key, {})
+            found: dict[RSKey, DestTraffic] = {}
+            for rs in dests:
+                traffic = given.dests.get(rs, DestTraffic())
+                if rs in conns:
+                    traffic = replace(traffic, active=conns[rs][0], inactive=conns[rs][1])
+                found[rs] = traffic
+            out[key] = Traffic(given.counters, found)
+        return out
 
     def damage(self) -> tuple[str, ...]:
         return ()

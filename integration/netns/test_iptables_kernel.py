@@ -66,6 +66,10 @@ class TestIptablesKernel(KernelContract):
     def kernel(self, netns) -> IptablesKernel:
         return make_kernel(netns)
 
+    @pytest.fixture
+    def has_counters(self) -> bool:
+        return False
+
 
 def example_sync(kernel: IptablesKernel, config: Config) -> tuple[int, int]:
     """One full pass of a new proxier (a restarted agent) over the bundled example."""

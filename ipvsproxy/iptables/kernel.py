@@ -49,6 +49,7 @@ from ipvsproxy.model import (
     IpvsState,
     Op,
     RSKey,
+    Traffic,
     UnbindAddress,
     UpdateDest,
     UpdateService,
@@ -279,6 +280,9 @@ class IptablesKernel:
 
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         return {}
+
+    def traffic(self) -> Mapping[VSKey, Traffic]:
+        return {}  # rule counters are per chain jump, not per connection: none kept
 
     def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
         """Execute `plan` against the chains as last written or observed (no iptables-save

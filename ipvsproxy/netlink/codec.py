@@ -25,8 +25,10 @@ from typing import Any
 from ipvsproxy.model import (
     AddDest,
     AddService,
+    Counters,
     DeleteDest,
     DeleteService,
+    DestTraffic,
     Forward,
     IPAddress,
     Proto,
@@ -111,15 +113,25 @@ DEST: Mapping[str, Attr] = {
     "tun_flags": Attr(15, "=H"),
 }
 
+# enum IPVS_STATS_ATTR_*, in IPVS_SVC_ATTR_STATS64 / IPVS_DEST_ATTR_STATS64 (all u64); the
+# kernel's own rate estimates (cps, inpps, ...) are left: rates come from two readings
+STATS64: Mapping[str, Attr] = {
+    "conns": Attr(1, "=Q"),
+    "inpkts": Attr(2, "=Q"),
+    "outpkts": Attr(3, "=Q"),
+    "inbytes": Attr(4, "=Q"),
+    "outbytes": Attr(5, "=Q"),
+}
+
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _GENLHDR = struct.Struct("=BBH")  # cmd, version, reserved
 _NLAHDR = struct.Struct("=HH")  # len, type
 _HEADER_LEN = _NLMSGHDR.size + _GENLHDR.size
-_FORMATS = {attr.layout: struct.Struct(attr.layout) for t in (COMMAND, SERVICE, DEST)
+_FORMATS = {attr.layout: struct.Struct(attr.layout) for t in (COMMAND, SERVICE, DEST, STATS64)
             for attr in t.values() if attr.layout not in (ADDRESS, STRING, NESTED)}  # fmt: skip
 # per space: attribute number -> (name, its struct or None, layout), for `unpack`
 _BY_KIND = {id(t): {a.kind: (name, _FORMATS.get(a.layout), a.layout) for name, a in t.items()}
-            for t in (COMMAND, SERVICE, DEST)}  # fmt: skip
+            for t in (COMMAND, SERVICE, DEST, STATS64)}  # fmt: skip
 
 
 # ---- framing ----------------------------------------------------------------------------
@@ -427,15 +439,52 @@ def decode_service(payload: memoryview) -> VirtualServer | None:
 def decode_dest(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
     """A dumped destination (a GET_DEST reply's payload) -> (RealServer, active connections,
     inactive connections). Its address family is the service's unless it says otherwise."""
-    a = unpack(DEST, unpack(COMMAND, payload[_GENLHDR.size :])["dest"])
+    a = _dest(payload)
     rs = RealServer(
-        RSKey(_address(a.get("addr_family", service_af), a["addr"]), a["port"]),
+        _dest_key(a, service_af),
         weight=a["weight"],
         forward=Forward(a["fwd_method"] & FWD_MASK),
         upper_threshold=a["u_thresh"],
         lower_threshold=a["l_thresh"],
     )
     return rs, a.get("active_conns", 0), a.get("inact_conns", 0)
+
+
+def decode_dest_traffic(payload: memoryview, service_af: int) -> tuple[RSKey, DestTraffic]:
+    """A dumped destination's key, connection counts and counters."""
+    a = _dest(payload)
+    traffic = DestTraffic(a.get("active_conns", 0), a.get("inact_conns", 0), counters(a))
+    return _dest_key(a, service_af), traffic
+
+
+def decode_service_traffic(payload: memoryview) -> tuple[VSKey, Counters] | None:
+    """A dumped service's key and counters; None where decode_service gives None."""
+    vs = decode_service(payload)
+    if vs is None:
+        return None
+    nested = unpack(COMMAND, payload[_GENLHDR.size :])["service"]
+    return vs.key, counters(unpack(SERVICE, nested))
+
+
+def counters(attrs: Mapping[str, Any]) -> Counters:
+    """The STATS64 nest of a decoded service or destination (all zero without one: kernels
+    before 4.0 send only the 32-bit STATS nest, whose counters wrap)."""
+    nest = attrs.get("stats64")
+    if nest is None:
+        return Counters()
+    s = unpack(STATS64, nest)
+    return Counters(
+        s.get("conns", 0), s.get("inpkts", 0), s.get("outpkts", 0),
+        s.get("inbytes", 0), s.get("outbytes", 0),
+    )  # fmt: skip
+
+
+def _dest(payload: memoryview) -> dict[str, Any]:
+    return unpack(DEST, unpack(COMMAND, payload[_GENLHDR.size :])["dest"])
+
+
+def _dest_key(a: Mapping[str, Any], service_af: int) -> RSKey:
+    return RSKey(_address(a.get("addr_family", service_af), a["addr"]), a["port"])
 
 
 def family_af(key: VSKey) -> int:

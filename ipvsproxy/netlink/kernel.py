@@ -27,6 +27,7 @@ from ipvsproxy.model import (
     Op,
     RealServer,
     RSKey,
+    Traffic,
     UnbindAddress,
     UpdateService,
     VirtualServer,
@@ -92,6 +93,18 @@ class NetlinkKernel:
     def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
         """(active, inactive) connections per destination of a service."""
         return {rs.key: (active, inactive) for rs, active, inactive in self.destinations(key)}
+
+    def traffic(self) -> dict[VSKey, Traffic]:
+        """Counters of every virtual server ipvsproxy can model and of its destinations: the
+        same dumps as observe(), their statistics decoded."""
+        chunks = self._genl.dump_raw(codec.CMD_GET_SERVICE)
+        found = filter(None, map(codec.decode_service_traffic, codec.dumped(chunks)))
+        out: dict[VSKey, Traffic] = {}
+        for key, counters in found:
+            dumped = codec.dumped(self._genl.dump_raw(codec.CMD_GET_DEST, codec.service_nest(key)))
+            af = codec.family_af(key)
+            out[key] = Traffic(counters, dict(codec.decode_dest_traffic(p, af) for p in dumped))
+        return out
 
     # ---- apply --------------------------------------------------------------------------
 

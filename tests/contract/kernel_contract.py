@@ -20,8 +20,10 @@ from ipvsproxy.model import (
     AddDest,
     AddService,
     BindAddress,
+    Counters,
     DeleteDest,
     DeleteService,
+    DestTraffic,
     Proto,
     RealServer,
     RSKey,
@@ -63,6 +65,24 @@ class KernelContract:
     @pytest.fixture
     def missing_schedulers(self) -> frozenset[Scheduler]:
         return frozenset()
+
+    @pytest.fixture
+    def has_counters(self) -> bool:
+        return True
+
+    def test_traffic_counts_every_destination_from_zero(self, kernel: Kernel, has_counters) -> None:
+        """Counters exist for what observe() shows, zero before any packet; a backend
+        without counters says so with {}."""
+        kernel.apply([AddService(VS), AddDest(KEY, RS1), AddDest(KEY, RS2)])
+        traffic = kernel.traffic()
+        if not has_counters:
+            assert traffic == {}
+            return
+        assert traffic.keys() == {KEY}
+        assert traffic[KEY].counters == Counters()
+        assert traffic[KEY].dests == {RS1.key: DestTraffic(), RS2.key: DestTraffic()}
+        kernel.apply([DeleteDest(KEY, RS2.key)])
+        assert kernel.traffic()[KEY].dests.keys() == {RS1.key}
 
     def test_add_and_observe(self, kernel: Kernel) -> None:
         report = kernel.apply([AddService(VS), AddDest(KEY, RS1), AddDest(KEY, RS2)])

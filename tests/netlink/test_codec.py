@@ -15,7 +15,9 @@ from pyroute2.netlink.generic.ipvs import ipvsmsg
 from ipvsproxy.model import (
     AddDest,
     AddService,
+    Counters,
     DeleteService,
+    DestTraffic,
     Forward,
     Proto,
     RealServer,
@@ -131,7 +133,9 @@ def test_new_dest_matches_pyroute2_byte_for_byte():
     assert ours(cmd, attrs) == theirs
 
 
-def dumped_service(vs: VirtualServer, *, sched_name: str | None = None) -> bytes:
+def dumped_service(
+    vs: VirtualServer, *, sched_name: str | None = None, stats64: bytes | None = None
+) -> bytes:
     """One GET_SERVICE reply as the kernel writes it (ip_vs_genl_fill_service)."""
     key = vs.key
     af = socket.AF_INET6 if key.address.version == 6 else socket.AF_INET
@@ -147,6 +151,7 @@ def dumped_service(vs: VirtualServer, *, sched_name: str | None = None) -> bytes
             ("timeout", vs.timeout_s),
             ("netmask", 0xFFFFFFFF),
             ("stats", codec.pack(codec.DEST, [("port", 1), ("weight", 99)])),
+            *([("stats64", stats64)] if stats64 is not None else []),
         ],
     )
     return codec.message(FAMILY, 1, codec.pack(codec.COMMAND, [("service", attrs)]), seq=1, flags=2)
@@ -193,6 +198,45 @@ def test_a_dumped_destination_decodes_back(version, data, counts, family_attr):
     nest = codec.pack(codec.COMMAND, [("dest", codec.pack(codec.DEST, values))])
     (payload,) = codec.dumped([codec.message(FAMILY, 5, nest, seq=2, flags=2)])
     assert codec.decode_dest(payload, af) == (rs, *counts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 2**64 - 1), min_size=5, max_size=5),
+    counts=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+)
+def test_a_dumped_destination_decodes_its_counters(values, counts):
+    """The 64-bit STATS64 nest, with the kernel's rate estimates and the PAD attribute beside
+    the counters (nla_put_u64_64bit), and the 32-bit STATS nest before it, ignored."""
+    stats64 = codec.pack(codec.STATS64, list(zip(codec.STATS64, values, strict=True)))
+    stats64 += codec.nla(6, (7).to_bytes(8, "little")) + codec.nla(11, b"")
+    attrs = [
+        ("addr", ip_address("10.244.0.5")),
+        ("port", 8080),
+        ("fwd_method", 0),
+        ("weight", 1),
+        ("u_thresh", 0),
+        ("l_thresh", 0),
+        ("active_conns", counts[0]),
+        ("inact_conns", counts[1]),
+        ("stats", codec.nla(1, (99).to_bytes(4, "little"))),
+        ("addr_family", socket.AF_INET),
+        ("stats64", stats64),
+    ]
+    nest = codec.pack(codec.COMMAND, [("dest", codec.pack(codec.DEST, attrs))])
+    (payload,) = codec.dumped([codec.message(FAMILY, 5, nest, seq=2, flags=2)])
+    key, traffic = codec.decode_dest_traffic(payload, socket.AF_INET)
+    assert key == RSKey(ip_address("10.244.0.5"), 8080)
+    assert traffic == DestTraffic(counts[0], counts[1], Counters(*values))
+
+
+def test_a_dumped_service_decodes_its_counters():
+    vs = VirtualServer(VSKey(ip_address("10.96.0.1"), 80, Proto.TCP))
+    stats64 = codec.pack(codec.STATS64, [("conns", 3), ("inbytes", 2**40)])
+    (payload,) = codec.dumped([dumped_service(vs, stats64=stats64)])
+    assert codec.decode_service_traffic(payload) == (vs.key, Counters(3, 0, 0, 2**40, 0))
+    (payload,) = codec.dumped([dumped_service(vs)])
+    assert codec.decode_service_traffic(payload) == (vs.key, Counters())
 
 
 def test_delete_service_carries_only_the_key():
