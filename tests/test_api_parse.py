@@ -366,3 +366,17 @@ def test_json_text_that_is_no_object_is_a_warning(text):
     parsed = read("Service", RawJson("Service", text))
     assert parsed.view is None
     assert parsed.warning.startswith("skipping Service: ")
+
+
+def test_an_endpoints_pod_and_zone_are_kept_for_status():
+    from tests.factories import ep, parse_slice, slice_
+
+    pod = {**ep("10.244.1.1"), "targetRef": {"kind": "Pod", "name": "web-7d9f", "uid": "x"}}
+    other = {**ep("10.244.1.2"), "targetRef": {"kind": "VirtualMachine", "name": "vm-1"}}
+    zoned = {**ep("10.244.1.3"), "zone": "zone-a"}
+    got = parse_slice(slice_(endpoints=[pod, other, zoned])).endpoints
+    assert [(e.pod, e.zone) for e in got] == [
+        ("web-7d9f", ""),
+        ("VirtualMachine/vm-1", ""),
+        ("", "zone-a"),
+    ]

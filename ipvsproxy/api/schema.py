@@ -4,7 +4,7 @@ Owns: the structs, `decode()` (JSON text, straight into them) and `convert()` (d
 manifests, watch events already decoded), and `field_error()`, which renders msgspec's
 ValidationError as the parser's messages do (`spec.ports[0].port: expected an integer, got
 str`). Only the fields named here are built; the rest of an object (managedFields, the
-last-applied annotation's copy of the object, targetRefs...) is skipped without being
+last-applied annotation's copy of the object...) is skipped without being
 decoded. Every field may be absent or null (`None`): api/validate.py says which are required
 and what a value means, so the messages for a missing field stay its own.
 
@@ -108,11 +108,18 @@ class Hints(Base):
     for_nodes: list[Hint] | None = field(default=None, name="forNodes")
 
 
+class TargetRef(Base):
+    kind: str | None = None
+    name: str | None = None
+
+
 class Endpoint(Base):
     addresses: list[str] | None = None
     conditions: Conditions | None = None
     node_name: str | None = field(default=None, name="nodeName")
     hints: Hints | None = None
+    target_ref: TargetRef | None = field(default=None, name="targetRef")  # for `status`
+    zone: str | None = None
 
 
 class EndpointSlice(Base):

@@ -65,12 +65,21 @@ def _endpoint(item: schema.Endpoint, i: int, version: int) -> EndpointView:
         ready = cond.ready is not False
         serving = ready if cond.serving is UNSET else cond.serving is not False
         terminating = cond.terminating is True
+    pod = _target(item.target_ref)
+    zone = name(item.zone) if item.zone else ""
     if item.hints is None:
-        return EndpointView(address, ready, serving, terminating, node)
+        return EndpointView(address, ready, serving, terminating, node, pod=pod, zone=zone)
     where = f"endpoints[{i}].hints"
     zones = _hinted(item.hints.for_zones, f"{where}.forZones")
     nodes = _hinted(item.hints.for_nodes, f"{where}.forNodes")
-    return EndpointView(address, ready, serving, terminating, node, zones, nodes)
+    return EndpointView(address, ready, serving, terminating, node, zones, nodes, pod, zone)
+
+
+def _target(ref: schema.TargetRef | None) -> str:
+    """What `status` names an endpoint by: its pod's name ("Kind/name" for another kind)."""
+    if ref is None or not ref.name:
+        return ""
+    return ref.name if ref.kind in (None, "", "Pod") else f"{ref.kind}/{ref.name}"
 
 
 def _hinted(hints: list[schema.Hint] | None, where: str) -> frozenset[str]:

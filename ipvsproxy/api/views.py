@@ -100,6 +100,10 @@ class EndpointView:
     # serve; empty when the endpoint carries none (kube-proxy's CategorizeEndpoints)
     zone_hints: frozenset[str] = frozenset()
     node_hints: frozenset[str] = frozenset()
+    # what `status` shows of it: its pod (targetRef's name; "Kind/name" for another kind)
+    # and its zone, "" when the slice does not say
+    pod: str = ""
+    zone: str = ""
 
 
 @dataclass(frozen=True, slots=True)

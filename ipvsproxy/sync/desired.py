@@ -66,6 +66,34 @@ class Reach(enum.StrEnum):
     NODE_PORT = "node-port"
 
 
+class Reason(enum.StrEnum):
+    """Why an endpoint of a Service port is not programmed on this node: the rule of the
+    translation that left it out (`status` shows it; docs/status.md)."""
+
+    NOT_READY = "NotReady"  # not ready (nor serving and terminating while none is ready)
+    TERMINATING = "Terminating"  # serving and terminating while ready endpoints exist
+    OTHER_NODE = "OtherNode"  # a Local traffic policy, and the endpoint is on another node
+    TOPOLOGY_ZONE = "TopologyZone"  # its zone hints name other zones than this node's
+    TOPOLOGY_NODE = "TopologyNode"  # its node hints name other nodes than this one
+    OTHER_FAMILY = "OtherFamily"  # the Service has no ClusterIP of its IP family
+    NO_PORT = "NoPort"  # its slice has no port of the Service port's name and protocol
+
+
+class Scope(enum.StrEnum):
+    """The virtual servers of a Service port that one traffic policy governs."""
+
+    INTERNAL = "internal"  # ClusterIPs: internalTrafficPolicy
+    EXTERNAL = "external"  # externalIPs, LoadBalancer IPs, node ports: externalTrafficPolicy
+
+
+class Skipped(enum.StrEnum):
+    """Why a whole Service gets no virtual server from ipvsproxy."""
+
+    EXTERNAL_NAME = "ExternalName"
+    HEADLESS = "Headless"  # clusterIP: None
+    OTHER_PROXY = "OtherProxy"  # labelled service.kubernetes.io/service-proxy-name
+
+
 @dataclass(frozen=True, slots=True)
 class Access:
     """A virtual server's kind of address, traffic policy and source ranges."""
@@ -124,7 +152,33 @@ class _Frontend:
 
 
 # (endpoint, port number) pairs for one Service port
-Backends = list[tuple[EndpointView, int]]
+Backend = tuple[EndpointView, int]
+Backends = list[Backend]
+Left = list[tuple[Backend, Reason]]  # endpoints a rule left out, with the rule
+
+
+@dataclass(frozen=True, slots=True)
+class PortExplanation:
+    """One Service port as the translation saw it: every endpoint of the Service (port 0
+    where its slice has no port of this one's name and protocol), which of them are left
+    out of which virtual servers and why, and the Local policies that found no endpoint here
+    and use the cluster's (kube-proxy PR 97081)."""
+
+    origin: str  # "ns/name:port"
+    port: ServicePortView
+    endpoints: tuple[Backend, ...]
+    left: Mapping[Scope, tuple[tuple[Backend, Reason], ...]]  # per scope with virtual servers
+    fell_back: frozenset[Scope] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """`translate_service` with its reasons (`explain_service`): what the Service asks for,
+    why it asks for nothing (`skipped`), and per port why endpoints are left out."""
+
+    contribution: Contribution
+    skipped: Skipped | None = None
+    ports: tuple[PortExplanation, ...] = ()
 
 
 def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desired, NodeView]:
@@ -181,10 +235,44 @@ def translate_service(
     Each IP family on its own, as kube-proxy's per-family proxiers: a family without a
     ClusterIP of the Service gets nothing (none of its externalIPs, LoadBalancer IPs, node
     ports or endpoints)."""
-    if svc.type is ServiceType.EXTERNAL_NAME or svc.headless or PROXY_NAME_LABEL in svc.labels:
-        return Contribution()
+    return _translate(svc, slices, node, config, None).contribution
+
+
+def explain_service(
+    svc: ServiceView,
+    slices: Iterable[EndpointSliceView],
+    node: NodeView,
+    config: Config,
+) -> Explanation:
+    """`translate_service`, and why each endpoint left out is (the same code: the rules
+    that filter the endpoints name themselves)."""
+    return _translate(svc, slices, node, config, [])
+
+
+def skipped(svc: ServiceView) -> Skipped | None:
+    """Why a Service gets no virtual server at all (None: it gets some)."""
+    if svc.type is ServiceType.EXTERNAL_NAME:
+        return Skipped.EXTERNAL_NAME
+    if svc.headless:
+        return Skipped.HEADLESS
+    if PROXY_NAME_LABEL in svc.labels:
+        return Skipped.OTHER_PROXY
+    return None
+
+
+def _translate(
+    svc: ServiceView,
+    slices: Iterable[EndpointSliceView],
+    node: NodeView,
+    config: Config,
+    why: list[PortExplanation] | None,
+) -> Explanation:
+    """translate_service(); with `why` (a list), each port's explanation appended to it."""
+    reason = skipped(svc)
+    if reason is not None:
+        return Explanation(Contribution(), reason)
     slices = [s for s in slices if s.address_type != "FQDN"]
-    families = {ip.version for ip in svc.cluster_ips}
+    families: set[int] = {ip.version for ip in svc.cluster_ips}
     choice = resolve(svc.annotations, config.scheduler)
     warnings = [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
     entries: dict[VSKey, Entry] = {}
@@ -210,7 +298,18 @@ def translate_service(
             )
             for v in families
         }
+        left: dict[tuple[Scope, int], Left] = {}
+        fell_back: set[Scope] = set()
         for front in _frontends(svc, port, node, config):
+            scope = Scope.EXTERNAL if front.external else Scope.INTERNAL
+            eps = by_family[front.address.version]
+            policy_local = external_local if front.external else svc.internal_local
+            usable, excluded = eps.pick(local=policy_local)
+            if policy_local and not eps.local and eps.has_any:
+                no_local.update(_fell_back(svc, external_local, front.address.version))
+                fell_back.add(scope)
+            if why is not None:
+                left.setdefault((scope, front.address.version), excluded)
             vs = VirtualServer(
                 VSKey(front.address, front.port, port.protocol),
                 scheduler=choice.scheduler,
@@ -227,14 +326,44 @@ def translate_service(
                 local=front.external and svc.external_local,
                 source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
             )
-            eps = by_family[front.address.version]
-            usable = eps.cluster
-            if external_local if front.external else svc.internal_local:
-                usable = eps.local or eps.cluster  # kube-proxy PR 97081: pods here still reach it
-                if not eps.local and eps.has_any:
-                    no_local.update(_fell_back(svc, external_local, front.address.version))
             entries[vs.key] = Entry(vs, destinations(usable), front.bind, origin, access)
-    return Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
+        if why is not None:
+            why.append(_explain_port(origin, port, slices, backends, families, left, fell_back))
+    contribution = Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
+    return Explanation(contribution, None, tuple(why or ()))
+
+
+def _explain_port(
+    origin: str,
+    port: ServicePortView,
+    slices: Sequence[EndpointSliceView],
+    backends: Backends,
+    families: set[int],
+    left: Mapping[tuple[Scope, int], Left],
+    fell_back: set[Scope],
+) -> PortExplanation:
+    """One port's explanation: what each scope's chosen set left out (per family), plus the
+    endpoints of the other IP family and those whose slice lacks the port (every scope)."""
+    family_left: Left = [((ep, n), Reason.OTHER_FAMILY) for ep, n in backends
+                         if ep.address.version not in families]  # fmt: skip
+    seen = {ep.address for ep, _ in backends}
+    portless: Left = []
+    for s in slices:
+        if _port_number(s, port) is None:
+            for ep in s.endpoints:
+                if ep.address not in seen:
+                    seen.add(ep.address)
+                    portless.append(((ep, 0), Reason.NO_PORT))
+    by_scope: dict[Scope, Left] = {}
+    for (scope, _), excluded in left.items():
+        by_scope.setdefault(scope, []).extend(excluded)
+    return PortExplanation(
+        origin,
+        port,
+        (*backends, *(b for b, _ in portless)),
+        {scope: (*excluded, *family_left, *portless) for scope, excluded in by_scope.items()},
+        frozenset(fell_back),
+    )
 
 
 def _fell_back(svc: ServiceView, external_local: bool, version: int) -> Iterable[NoLocal]:
@@ -289,12 +418,7 @@ def _flags(choice: Choice, svc: ServiceView) -> ServiceFlags:
 
 def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Backends:
     """Endpoints for one Service port: slice ports match by the Service port's name+protocol."""
-    name, protocol = port.name, port.protocol
-    matched = [
-        (s, numbers[0])
-        for s in slices
-        if (numbers := [p.port for p in s.ports if p.name == name and p.protocol == protocol])
-    ]
+    matched = [(s, number) for s in slices if (number := _port_number(s, port)) is not None]
     if len(matched) == 1:  # one slice (most Services): a duplicate-free one is taken as it is
         ((s, number),) = matched
         unique = {ep.address for ep in s.endpoints}
@@ -308,6 +432,12 @@ def _backends(slices: Sequence[EndpointSliceView], port: ServicePortView) -> Bac
             if seen is None or (ep.ready and not seen.ready):  # a duplicate: prefer ready
                 found[key] = ep
     return [(ep, number) for (_, number), ep in found.items()]
+
+
+def _port_number(s: EndpointSliceView, port: ServicePortView) -> int | None:
+    """The number of a slice's port matching the Service port's name and protocol."""
+    name, protocol = port.name, port.protocol
+    return next((p.port for p in s.ports if p.name == name and p.protocol == protocol), None)
 
 
 def local_ready_endpoints(
@@ -336,11 +466,21 @@ def _uses(svc: ServiceView) -> tuple[bool, bool]:
 @dataclass(frozen=True, slots=True)
 class Categorized:
     """One family's endpoints of a Service port, as kube-proxy's CategorizeEndpoints
-    sorts them."""
+    sorts them, with the endpoints each set leaves out and why."""
 
     cluster: Backends  # for policy Cluster, topology applied (empty if never used)
     local: Backends  # this node's, for policy Local (empty if never used)
     has_any: bool  # a usable endpoint anywhere in the cluster
+    cluster_left: Left = field(default_factory=list)
+    local_left: Left = field(default_factory=list)
+
+    def pick(self, *, local: bool) -> tuple[Backends, Left]:
+        """The endpoints of a frontend under a Local policy (`local`: this node's, else the
+        cluster's: kube-proxy PR 97081, pods here still reach it) or a Cluster one, and
+        those left out."""
+        if local and (self.local or not self.cluster):
+            return self.local, self.local_left
+        return self.cluster, self.cluster_left
 
 
 def categorize_endpoints(
@@ -350,28 +490,55 @@ def categorize_endpoints(
     ready endpoints (topology hints applied to the cluster set only), else the serving and
     terminating ones, independently for the cluster and the local set."""
     cluster: Backends = []
+    cluster_left: Left = []
     if cluster_used:
-        wanted = _topology(backends, node)
-        if wanted is None:  # no hints to follow: every ready endpoint (no call for each)
-            cluster = [(ep, n) for ep, n in backends if ep.ready]
-        else:
-            cluster = [(ep, n) for ep, n in backends if ep.ready and wanted(ep)]
-        if not cluster:  # no ready endpoint anywhere (topology never empties the set)
-            cluster = [(ep, n) for ep, n in backends if ep.serving and ep.terminating]
+        cluster, cluster_left = _ready_else_terminating(backends, _topology(backends, node))
     # a cluster set is never empty when any endpoint is usable, and all of its are usable
     has_any = bool(cluster) or any(
         ep.ready or (ep.serving and ep.terminating) for ep, _ in backends
     )
     local: Backends = []
+    local_left: Left = []
     if local_used:
-        here = [(ep, n) for ep, n in backends if ep.node_name == node.name]
-        local = [(ep, n) for ep, n in here if ep.ready]
-        if not local:
-            local = [(ep, n) for ep, n in here if ep.serving and ep.terminating]
-    return Categorized(cluster, local, has_any)
+        here: Backends = []
+        for b in backends:
+            if b[0].node_name == node.name:
+                here.append(b)
+            else:
+                local_left.append((b, Reason.OTHER_NODE))
+        local, left_here = _ready_else_terminating(here, None)
+        local_left += left_here
+    return Categorized(cluster, local, has_any, cluster_left, local_left)
 
 
-def _topology(backends: Backends, node: NodeView) -> Callable[[EndpointView], bool] | None:
+Wanted = tuple[Callable[[EndpointView], bool], Reason]  # topology: which, and why not others
+
+
+def _ready_else_terminating(backends: Backends, wanted: Wanted | None) -> tuple[Backends, Left]:
+    """The ready endpoints (those topology `wanted`), else the serving and terminating ones
+    (topology never empties the ready set: no ready endpoint anywhere); and the rest, each
+    with the rule that left it out."""
+    ready: Backends = []
+    terminating: Backends = []
+    left: Left = []
+    for b in backends:
+        ep = b[0]
+        if ep.ready:
+            if wanted is None or wanted[0](ep):
+                ready.append(b)
+            else:
+                left.append((b, wanted[1]))
+        elif ep.serving and ep.terminating:
+            terminating.append(b)
+        else:
+            left.append((b, Reason.NOT_READY))
+    if ready:
+        left += [(b, Reason.TERMINATING) for b in terminating]
+        return ready, left
+    return terminating, left
+
+
+def _topology(backends: Backends, node: NodeView) -> Wanted | None:
     """Which ready endpoints this node uses (kube-proxy's topologyModeFromHints): those
     hinted for this node, when every ready endpoint has node hints and one names this node;
     else those hinted for this node's zone, when every ready endpoint has zone hints and one
@@ -386,7 +553,7 @@ def _topology(backends: Backends, node: NodeView) -> Callable[[EndpointView], bo
     ready = [ep for ep, _ in backends if ep.ready]
     name, zone = node.name, node.zone
     if all(ep.node_hints for ep in ready) and any(name in ep.node_hints for ep in ready):
-        return lambda ep: name in ep.node_hints
+        return (lambda ep: name in ep.node_hints), Reason.TOPOLOGY_NODE
     if all(ep.zone_hints for ep in ready) and any(zone in ep.zone_hints for ep in ready):
-        return lambda ep: zone in ep.zone_hints
+        return (lambda ep: zone in ep.zone_hints), Reason.TOPOLOGY_ZONE
     return None
