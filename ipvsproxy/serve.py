@@ -17,6 +17,7 @@ Imports: errors, the standard library.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
@@ -382,10 +383,8 @@ class _Connection:
         done.add_done_callback(lambda f: self._done(method, f))
 
     def _done(self, method: str, done: Future[Headed | None]) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has stopped: every server closed
             self.loop.call_soon_threadsafe(self._answered, method, done)
-        except RuntimeError:  # the loop has stopped: every server closed meanwhile
-            pass
 
     def _slow(self, route: Route, target: str) -> Headed | None:
         """In the worker thread: the route's reply, or None when nobody waits for it."""
