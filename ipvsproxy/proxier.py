@@ -36,7 +36,7 @@ from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
-from ipvsproxy.firewall.sets import record_of
+from ipvsproxy.firewall.sets import is_record, record_of
 from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import ApplyReport, Kernel
@@ -427,6 +427,7 @@ class Proxier:
             self.table.seed(ipvs.observed)
             self._observed_once = True
 
+        planned = self._records_first(planned)
         result = apply_pass(self.kernel, ipvs, names=planned.names, repair=bool(planned.repairs))
         gone = self._record(ipvs, result, forget=self.firewall is not None)
         if isinstance(self.kernel, IptablesKernel) and planned.keys:
@@ -465,6 +466,32 @@ class Proxier:
             recovered=frozenset(recovered),
             restore_failed=(*written.restore_failed, *restores.values()),
         )
+
+    def _records_first(self, planned: PassPlan) -> PassPlan:
+        """Writes the record of the virtual servers this pass creates on node addresses (the
+        CREATED sets' additions) before the IPVS step creates them; their deletions wait for
+        the firewall step, after the IPVS step (`_keeping_records`). So no moment exists at
+        which such a virtual server is in the kernel but not in the record: an agent killed
+        between the two steps, whose Service is deleted before it restarts, still deletes it.
+        The firewall step writes the additions again (ipset's -exist: no change).
+
+        A refused record write fails the firewall step (the next pass is a full one), and the
+        IPVS step still runs: Services work, and the record is written by the next pass."""
+        plan = planned.firewall
+        if self.firewall is None or plan is None or planned.firewall_error:
+            return planned
+        early = tuple(
+            replace(change, delete=(), wanted=change.wanted | frozenset(change.delete))
+            for change in plan.sets
+            if is_record(change.name) and (change.add or change.create)
+        )
+        if not early:
+            return planned
+        try:
+            self.firewall.write_sets(early)
+        except KernelError as exc:
+            return replace(planned, firewall_error=f"record of node-address virtual servers: {exc}")
+        return planned
 
     def _record(self, ipvs: IpvsPlan, result: IpvsResult, *, forget: bool) -> UdpFlows:
         """The table advanced by what the kernel took of the IPVS operations; with `forget`,

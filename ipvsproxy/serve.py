@@ -17,6 +17,7 @@ Imports: errors, the standard library.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
@@ -24,6 +25,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import formatdate
 from http import HTTPStatus
@@ -37,6 +40,18 @@ log = logging.getLogger(__name__)
 Response = tuple[int, str, bytes]  # status, content type, body
 Headed = tuple[int, str, bytes, Mapping[str, str]]  # ... and headers of its own
 Route = Callable[[], Response | Headed]
+
+
+@dataclass(frozen=True, slots=True)
+class InThread:
+    """A route whose answer takes time (it reads the kernel): computed in the one worker
+    thread, `http-slow`, while the event loop goes on answering probes. One worker for every
+    such route, so they run one at a time; a request whose connection has closed (its
+    deadline passed while it queued) is skipped, so slow clients cannot pile up work."""
+
+    route: Route
+
+
 JSON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # as kube-proxy's health answers
 
 
@@ -171,7 +186,7 @@ class HttpServer:
     def __init__(
         self,
         address: tuple[str, int],
-        routes: Mapping[str, Route],
+        routes: Mapping[str, Route | InThread],
         *,
         request_timeout: float = 5.0,
         max_head: int = MAX_HEAD,
@@ -239,19 +254,27 @@ class HttpServer:
         self._loop.remove_reader(fd)
         self._loop.call_later(0.1, lambda: self._loop and self._loop.add_reader(fd, self._accept))
 
-    def answer(self, method: str, target: str) -> Headed:
-        """The reply to one request, computed in the event loop's thread."""
+    def answer(self, method: str, target: str) -> Headed | InThread:
+        """The reply to one request, computed in the event loop's thread, or the route that
+        computes it in the worker thread (`InThread`)."""
         if method not in ("GET", "HEAD"):
             return 501, "text/plain", b"not implemented\n", {}
         route = self._routes.get(target.split("?", 1)[0]) or self._routes.get("*")
         if route is None:
             return 404, "text/plain", b"not found\n", {}
-        try:
-            reply = route()
-        except Exception:  # a bug in a route: a 500, and the server goes on
-            log.exception("http: answering %r failed", target)
-            return 500, "text/plain", b"internal error\n", {}
-        return reply[0], reply[1], reply[2], reply[3] if len(reply) > 3 else {}
+        if isinstance(route, InThread):
+            return route
+        return call(route, target)
+
+
+def call(route: Route, target: str) -> Headed:
+    """A route's reply; a 500 when it raises (a bug in a route: the server goes on)."""
+    try:
+        reply = route()
+    except Exception:
+        log.exception("http: answering %r failed", target)
+        return 500, "text/plain", b"internal error\n", {}
+    return reply[0], reply[1], reply[2], reply[3] if len(reply) > 3 else {}
 
 
 def _listen(address: tuple[str, int]) -> socket.socket:
@@ -351,7 +374,26 @@ class _Connection:
             self.reply("GET", (400, "text/plain", b"bad request\n", {}))
             return
         method, target, _ = parts
-        self.reply(method, self.server.answer(method, target))
+        answer = self.server.answer(method, target)
+        if not isinstance(answer, InThread):
+            self.reply(method, answer)
+            return
+        self.loop.remove_reader(self.fd)  # the request is read; the deadline still runs
+        done = REACTOR.worker.submit(self._slow, answer.route, target)
+        done.add_done_callback(lambda f: self._done(method, f))
+
+    def _done(self, method: str, done: Future[Headed | None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has stopped: every server closed
+            self.loop.call_soon_threadsafe(self._answered, method, done)
+
+    def _slow(self, route: Route, target: str) -> Headed | None:
+        """In the worker thread: the route's reply, or None when nobody waits for it."""
+        return None if self.closed else call(route, target)
+
+    def _answered(self, method: str, done: Future[Headed | None]) -> None:
+        reply = done.result()
+        if reply is not None and not self.closed:
+            self.reply(method, reply)
 
     def reply(self, method: str, reply: Headed) -> None:
         """Sends the answer (the rest when the socket can take it) and then closes; what the
@@ -423,6 +465,7 @@ class _Reactor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.connections = _Connections(MAX_CONNECTIONS)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-slow")
 
     def acquire(self) -> asyncio.AbstractEventLoop:
         with self._lock:

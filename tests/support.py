@@ -193,10 +193,14 @@ class FakeHost:
             head = f"create {name} {kind} family {family} hashsize 1024 maxelem {maxelem}\n"
             return head + "".join(f"add {name} {e}\n" for e in sorted(entries))
         if verb == "create":
-            assert name not in self.sets, f"set {name} exists"
             options = dict(zip(words[3::2], words[4::2], strict=False))
             version = 4 if options["family"] == "inet" else 6
-            self.sets[name] = (words[2], version, int(options["maxelem"]), set())
+            shape = (words[2], version, int(options["maxelem"]))
+            if name in self.sets:  # -exist: the same set again is no change
+                assert exist, f"set {name} exists"
+                assert self.sets[name][:3] == shape, f"set {name} exists with other parameters"
+                return ""
+            self.sets[name] = (*shape, set())
         elif verb == "destroy":
             assert exist or name in self.sets
             self.sets.pop(name, None)

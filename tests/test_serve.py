@@ -283,3 +283,64 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     finally:
         sock.setblocking(True)
         sock.settimeout(10)
+
+
+def test_a_slow_route_runs_in_the_worker_while_probes_are_answered():
+    """A route that reads the kernel (`InThread`) does not hold the event loop: /healthz is
+    answered at once while it runs, and its own answer arrives when it is done."""
+    release = threading.Event()
+
+    def slow():
+        release.wait(10)
+        return 200, "text/plain", b"slow\n"
+
+    routes = {**ROUTES, "/slow": serve.InThread(slow)}
+    with serving(routes=routes) as server:
+        answers: list[bytes] = []
+        waiting = threading.Thread(target=lambda: answers.append(get(server, "/slow")))
+        waiting.start()
+        time.sleep(0.2)  # the slow route is running in the worker
+        assert probe(server.port) < 0.1
+        assert not answers
+        release.set()
+        waiting.join(10)
+        assert answers == [b"slow\n"]
+        assert exchange(server.port, b"HEAD /slow HTTP/1.1\r\n\r\n").endswith(b"\r\n\r\n")
+
+
+def test_a_slow_route_is_skipped_for_a_client_gone_by_its_turn():
+    """Requests queued behind a slow answer whose deadline passes are never computed: slow
+    clients cannot pile up work in the worker."""
+    calls: list[int] = []
+    release = threading.Event()
+
+    def slow():
+        calls.append(1)
+        release.wait(10)
+        return 200, "text/plain", b"slow\n"
+
+    routes = {**ROUTES, "/slow": serve.InThread(slow)}
+    with serving(routes=routes, request_timeout=0.5) as server:
+        first = threading.Thread(
+            target=lambda: exchange(server.port, b"GET /slow HTTP/1.1\r\n\r\n")
+        )
+        first.start()
+        eventually(lambda: calls == [1])
+        queued = [exchange(server.port, b"GET /slow HTTP/1.1\r\n\r\n", timeout=5) for _ in range(3)]
+        assert queued == [b"", b"", b""]  # each closed at its deadline, unanswered
+        release.set()
+        first.join(10)
+        time.sleep(0.1)
+        assert calls == [1]  # the three were skipped when the worker came to them
+        release.clear()
+        release.set()
+        assert get(server, "/slow") == b"slow\n"
+        assert len(calls) == 2
+
+
+def test_a_slow_route_that_fails_gets_500():
+    def broken():
+        raise RuntimeError("bug")
+
+    with serving(routes={"/slow": serve.InThread(broken)}) as server:
+        assert exchange(server.port, b"GET /slow HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 500")

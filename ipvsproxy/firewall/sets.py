@@ -182,6 +182,11 @@ def _entries(
     return out
 
 
+def is_record(name: str) -> bool:
+    """Whether a set is one of the CREATED sets (either family)."""
+    return name in _RECORDS
+
+
 def record_of(key: VSKey) -> Entry:
     """The CREATED entry that records a virtual server as ipvsproxy's."""
     return _NAMES[key.address.version][CREATED], f"{key.address},{_proto(key.proto)}:{key.port}"
@@ -229,3 +234,6 @@ def _net(net: IPNetwork) -> str:
 
 def _proto(proto: Proto) -> str:
     return proto.name.lower()
+
+
+_RECORDS = frozenset(CREATED.name(version) for version in VERSIONS)

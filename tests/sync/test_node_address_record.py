@@ -16,7 +16,7 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.sets import SetState, record_of, recorded
 from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.model import DeleteService, IpvsState, Proto, VirtualServer, VSKey
+from ipvsproxy.model import AddService, DeleteService, IpvsState, Proto, VirtualServer, VSKey
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.render import describe
@@ -121,6 +121,61 @@ def test_the_fallback_deletes_its_node_address_rules_after_a_restart():
     saved = commands.save(4)
     assert "--dport 2222" not in saved
     assert "--dport 22 " not in saved
+
+
+class RecordedFirst(FakeKernel):
+    """A kernel that, as each virtual server is created, notes whether the host's record
+    already lists it: what a `kill -9` at that moment would leave."""
+
+    def __init__(self, host: FakeHost) -> None:
+        super().__init__()
+        self.host = host
+        self.unrecorded: list[VSKey] = []
+
+    def apply(self, plan: Any, *, names: Any = None) -> Any:
+        held = self.host.held().get("IPVSPROXY-CREATED", frozenset())
+        for op in plan:
+            if isinstance(op, AddService) and op.vs.key.address == ip_address(NODE):
+                key = op.vs.key
+                if f"{key.address},tcp:{key.port}" not in held:
+                    self.unrecorded.append(key)
+        return super().apply(plan, names=names)
+
+
+def test_a_node_address_virtual_server_is_recorded_before_it_is_created():
+    """In a first pass, a partial one, and after the record set was destroyed: a kill at any
+    moment leaves no node-address virtual server of ipvsproxy's out of the record."""
+    kernel = RecordedFirst(host := FakeHost())
+    synced = ipvs_proxier(kernel, host)
+    assert synced.sync(services()).ok
+    assert {EXTERNAL, LOW_NODE_PORT} <= kernel.state.services.keys()
+    more = service("more", externalIPs=[NODE], ports=[port(number=2224)])
+    assert synced.sync([*services(), more], full=False).ok
+    assert VSKey(ip_address(NODE), 2224, Proto.TCP) in kernel.state.services
+    del host.sets["IPVSPROXY-CREATED"]
+    kernel.state = IpvsState()  # the node rebooted: everything is created again
+    assert ipvs_proxier(kernel, host).sync(services()).ok
+    assert kernel.unrecorded == []
+
+
+def test_a_refused_record_write_fails_the_pass_and_the_next_one_repairs_it():
+    class Refusing(FakeHost):
+        refuse = True
+
+        def run(self, args, *, stdin=None):
+            if self.refuse and "add IPVSPROXY-CREATED" in (stdin or ""):
+                raise KernelError("ipset: out of memory")
+            return super().run(args, stdin=stdin)
+
+    kernel, host = FakeKernel(), Refusing()
+    synced = ipvs_proxier(kernel, host)
+    result = synced.sync(services())
+    assert "record of node-address virtual servers: ipset: out of memory" in result.firewall_error
+    assert EXTERNAL in kernel.state.services  # Services still work
+    host.refuse = False
+    assert synced.sync(services(), full=False).full  # the firewall is observed again
+    assert synced.sync(services()).ok
+    assert f"{NODE},tcp:2222" in host.held()["IPVSPROXY-CREATED"]
 
 
 def test_a_refused_deletion_keeps_its_record_so_a_restart_still_deletes_it():
