@@ -18,8 +18,10 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -38,11 +40,14 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
 from ipvsproxy.model import IPAddress, IpvsState
 from ipvsproxy.proxier import PassPlan, PassResult, Proxier
+from ipvsproxy.status.compute import Sampler, from_plan
+from ipvsproxy.status.document import Selector, build
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.testing import FakeKernel
+from ipvsproxy.traffic import TrafficReader
 
 if TYPE_CHECKING:
     from ipvsproxy.serve import Health, HttpServer
@@ -179,6 +184,70 @@ def _diff_result(
     return DiffResult(lines, proxier.warnings, notes, planned.repairs)
 
 
+class LocalStatus:
+    """`status` without an agent (a context manager): each `document()` reads the source
+    again and plans a full pass over the live kernel (or a saved ipvsadm table) as `diff`
+    does, applying nothing; counters come from the backend's kernel, rates from the last
+    two documents' readings."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: Source,
+        kernel_state: Path | None,
+        clock: Callable[[], float] = time.monotonic,  # the counters' readings (tests)
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self.source = source
+        self.kernel_state = kernel_state
+        self._stack = ExitStack()
+        self._backend: backends.Backend | None = None
+        self._sampler: Sampler | None = None
+
+    def __enter__(self) -> LocalStatus:
+        if self.kernel_state is None:
+            backend = self._backend = self._stack.enter_context(open_backend(self.config))
+            reader = TrafficReader(lambda: backend.kernel, clock=self._clock)
+            self._sampler = Sampler(reader, max_age=math.inf)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def document(self, selector: Selector | None) -> dict[str, Any]:
+        changes = changes_from(self.source, self.config)
+        proxier = _proxier(self.config, self._backend, drain=True)
+        if self.kernel_state is not None:
+            proxier.feed(changes)
+            planned = proxier.plan(full=True, observed=read_kernel_state(self.kernel_state))
+        else:
+            proxier.refresh_host()
+            planned = proxier.plan_from(changes, full=True)
+        services = [svc for svc in changes.services.values() if svc is not None]
+        slices = [s for group in changes.slices.values() for s in group]
+        inputs = from_plan(services, slices, planned, proxier, selector)
+        observed = inputs.observed
+        if self._sampler is not None:
+            observed = self._sampler.observe(observed)
+        warnings = inputs.warnings
+        if planned.firewall_error:
+            warnings += (f"firewall rules: {planned.firewall_error}",)
+        return build(
+            inputs.explained,
+            node=inputs.node,
+            owners=inputs.owners,
+            observed=observed,
+            source="kernel-state" if self.kernel_state is not None else "local",
+            backend=self._backend.name if self._backend is not None else None,
+            now=time.time(),
+            warnings=warnings,
+            device=self.config.dummy_device,
+            selector=selector,
+        )
+
+
 @_exclusive("run --once")
 def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     """Prepare the node (sysctls, timeouts) and sync the manifests into the live kernel once."""
@@ -289,7 +358,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             threads = start_sources(halt)
             with _signals(halt, resync=agent_loop.resync):
                 if not stop.is_set():
-                    log.info("running: %s", _describe(source))
+                    log.info("running: %s", describe_source(source))
                     runner.loop()
         finally:
             stop.set()
@@ -472,7 +541,7 @@ def _signals(
         os.close(read_end)
 
 
-def _describe(source: Source) -> str:
+def describe_source(source: Source) -> str:
     if isinstance(source, Manifests):
         return "manifests from " + ", ".join(map(str, source.paths))
     return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"

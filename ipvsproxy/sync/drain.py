@@ -54,6 +54,10 @@ class Drainer:
         them: their connection counts decide when each drain ends)."""
         return {vs for vs, _ in self._started}
 
+    def draining(self) -> frozenset[tuple[VSKey, RSKey]]:
+        """The destinations draining now, per virtual server (`status`)."""
+        return frozenset(self._started)
+
     def hold(
         self,
         desired: IpvsState,

@@ -1,0 +1,147 @@
+"""The inputs of a status document, from a proxier: the agent's, or one built as `diff` builds it.
+
+Owns: `explained()` (the Services shown, each run through `explain_service`: the translation
+with its reasons), `from_plan()` (a full pass's plan, not applied: `status` without an agent,
+as `diff` computes) and `from_agent()` (the agent's proxier, read under the agent loop's lock
+by the HTTP worker thread: the desired table as the latest objects ask for it, against the
+kernel's table as the agent knows it, so drift is what its next pass would change),
+`Sampler` (rates from the last two distinct traffic samples).
+
+Imports: proxier, sync, traffic, model, api, config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from ipvsproxy.api import EndpointSliceView, NodeView, Ref, ServiceView
+from ipvsproxy.config import Config
+from ipvsproxy.model import IpvsState, RealServer, VSKey
+from ipvsproxy.proxier import PassPlan, Proxier
+from ipvsproxy.status.document import Observed, Selector
+from ipvsproxy.sync.desired import Explanation, explain_service
+from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.plan import plan
+from ipvsproxy.traffic import Sample, TrafficReader, rates
+
+Explained = list[tuple[ServiceView, Explanation]]
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Everything `document.build` needs but the traffic."""
+
+    explained: Explained
+    node: NodeView
+    owners: Mapping[VSKey, str]
+    observed: Observed
+    warnings: tuple[str, ...] = ()
+
+
+def explained(
+    services: Iterable[ServiceView],
+    slices: Iterable[EndpointSliceView],
+    node: NodeView,
+    config: Config,
+    selector: Selector | None,
+) -> Explained:
+    """The Services shown (all, or the selected one), by namespace and name, explained."""
+    by_service: dict[Ref, list[EndpointSliceView]] = {}
+    for s in slices:
+        if s.service_name:
+            by_service.setdefault((s.namespace, s.service_name), []).append(s)
+    chosen = sorted(
+        (s for s in services if selector is None or selector.matches(s)),
+        key=lambda s: (s.namespace, s.name),
+    )
+    return [
+        (svc, explain_service(svc, by_service.get((svc.namespace, svc.name), ()), node, config))
+        for svc in chosen
+    ]
+
+
+def from_plan(
+    services: Iterable[ServiceView],
+    slices: Iterable[EndpointSliceView],
+    planned: PassPlan,
+    proxier: Proxier,
+    selector: Selector | None,
+) -> Inputs:
+    """`status` without an agent: a full pass planned (never applied) over every Service;
+    the kernel as observed, drift its plan."""
+    node = proxier.node or NodeView(proxier.config.node_name)
+    shown = explained(services, slices, node, proxier.config, selector)
+    observed = Observed(kernel=planned.ipvs.observed, drift=planned.ipvs.plan)
+    return Inputs(shown, node, planned.names, observed, proxier.warnings)
+
+
+def from_agent(
+    proxier: Proxier,
+    services: Iterable[ServiceView],
+    slices: Iterable[EndpointSliceView],
+    selector: Selector | None,
+) -> Inputs:
+    """The agent's view, read while its loop holds no pass (the caller holds its lock):
+    the latest objects translated (what the next pass will ask for: Services changed since
+    the last pass show as drift), its draining destinations held at weight 0, what the
+    kernel refused served plainer, planned against the table it knows."""
+    node = proxier.node or NodeView(proxier.config.node_name)
+    shown = explained(services, slices, node, proxier.config, selector)
+    index = DesiredIndex()
+    for svc, explanation in shown:
+        index.update((svc.namespace, svc.name), explanation.contribution)
+    keys = set(index.services)
+    owners = {**index.names(keys), **proxier.index.names(keys)}  # the node's winners first
+    mine = {key for key in keys if owners[key] == index.names((key,)).get(key)}
+    addresses = {key.address for key in mine}
+    wanted = _holding(index.state_for(mine, addresses), proxier)
+    wanted = proxier.refusals.served(wanted, owners, whole=False)
+    kernel = proxier.table.state_for(mine, addresses)
+    drift = plan(
+        wanted, kernel, ownership=proxier.ownership, manage_addresses=proxier.manage_addresses
+    )
+    return Inputs(shown, node, owners, Observed(kernel=kernel, drift=drift), proxier.warnings)
+
+
+def _holding(state: IpvsState, proxier: Proxier) -> IpvsState:
+    """`state` with the destinations the agent drains kept at weight 0, as its pass does."""
+    if proxier.drainer is None:
+        return state
+    dests = dict(state.dests)
+    for key, rs_key in proxier.drainer.draining():
+        if key in dests and rs_key not in dests[key]:
+            dests[key] = {**dests[key], rs_key: RealServer(rs_key, 0)}
+    return replace(state, dests=dests)
+
+
+class Sampler:
+    """Rates for documents: from the last two distinct samples of a `TrafficReader` (its
+    readings are at least `min_interval` apart). Two samples more than `max_age` apart are
+    no base for rates: the document has none, and the CLI asks again a second later."""
+
+    def __init__(self, reader: TrafficReader, *, max_age: float = 10.0) -> None:
+        self.reader = reader
+        self.max_age = max_age
+        self._samples: list[Sample] = []
+
+    def observe(self, observed: Observed) -> Observed:
+        """`observed` with the counters of a reading now, and rates since the one before."""
+        sample = self.reader.read()
+        if not self._samples or sample.at != self._samples[-1].at:
+            self._samples = [*self._samples[-1:], sample]
+        if len(self._samples) < 2 or sample.at - self._samples[0].at > self.max_age:
+            return replace(observed, traffic=sample.traffic)
+        return with_rates(observed, self._samples[0], sample)
+
+
+def with_rates(observed: Observed, before: Sample | None, after: Sample) -> Observed:
+    """`observed` with `after`'s counters and, given `before`, the rates between them."""
+    if before is None or after.at <= before.at:
+        return replace(observed, traffic=after.traffic)
+    return replace(
+        observed,
+        traffic=after.traffic,
+        rates=rates(before, after),
+        window=round(after.at - before.at, 3),
+    )
