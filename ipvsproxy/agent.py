@@ -42,6 +42,8 @@ from ipvsproxy.model import IPAddress, IpvsState
 from ipvsproxy.proxier import PassPlan, PassResult, Proxier
 from ipvsproxy.status.compute import Sampler, from_plan
 from ipvsproxy.status.document import Selector, build
+from ipvsproxy.status.endpoint import PATH as STATUS_PATH
+from ipvsproxy.status.endpoint import status_route
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
@@ -50,7 +52,8 @@ from ipvsproxy.testing import FakeKernel
 from ipvsproxy.traffic import TrafficReader
 
 if TYPE_CHECKING:
-    from ipvsproxy.serve import Health, HttpServer
+    from ipvsproxy.kernel import Kernel
+    from ipvsproxy.serve import Health, HttpServer, InThread, Route
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +353,18 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             runner.stop()
 
         threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
-        servers = _serve(config, metrics.render, health, mode=backend.name)
+        reader = TrafficReader(_traffic_kernel(backend, config))
+        stack.callback(reader.close)
+        status = status_route(
+            lock=agent_loop.lock,
+            proxier=agent_loop.proxier,
+            tracker=tracker,
+            passes=lambda: agent_loop.passes,
+            sampler=Sampler(reader),
+            backend=backend.name,
+            config=config,
+        )
+        servers = _serve(config, metrics.render, health, mode=backend.name, status=status)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
 
@@ -401,19 +415,37 @@ def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
     return lambda: node_addresses(config.dummy_device)
 
 
+def _traffic_kernel(backend: backends.Backend, config: Config) -> Callable[[], Kernel]:
+    """What the agent's TrafficReader opens: IPVS over a netlink connection of its own
+    (never the sync thread's socket); the fallback's kernel, whose traffic() is {} and reads
+    nothing."""
+    if backend.name != backends.IPVS:
+        return lambda: backend.kernel
+    from ipvsproxy.netlink import NetlinkKernel
+
+    return lambda: NetlinkKernel(device=config.dummy_device)
+
+
 def _serve(
-    config: Config, metrics: Callable[[], bytes], health: Health, *, mode: str
+    config: Config,
+    metrics: Callable[[], bytes],
+    health: Health,
+    *,
+    mode: str,
+    status: InThread | None = None,
 ) -> list[HttpServer]:
-    """The metrics port (/metrics, and /proxyMode as kube-proxy answers it: the backend in
-    use, `ipvs` or `iptables`) and the health port (/healthz, /livez)."""
+    """The metrics port (/metrics, /proxyMode as kube-proxy answers it: the backend in use,
+    `ipvs` or `iptables`, and `status`'s /status) and the health port (/healthz, /livez)."""
     from ipvsproxy.serve import HttpServer
 
     text = "text/plain; version=0.0.4; charset=utf-8"
     plain = "text/plain; charset=utf-8"
-    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
+    routes: dict[str, Route | InThread] = {
         "/metrics": lambda: (200, text, metrics()),
         "/proxyMode": lambda: (200, plain, mode.encode()),
     }
+    if status is not None:
+        routes[STATUS_PATH] = status
     servers = [HttpServer(config.metrics_bind_address, routes)]
     try:
         servers.append(

@@ -10,7 +10,7 @@ After each completed pass it also tells the health server whether this node is e
 (kube-proxy's SyncNode) and hands the health-check node ports their Services and local
 endpoint counts (healthcheck.py).
 
-Imports: proxier, healthcheck, sync.*, kernel, metrics, serve, config, errors.
+Imports: status (Passes), proxier, healthcheck, sync.*, kernel, metrics, serve, config, errors.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.healthcheck import ServiceHealth
@@ -28,6 +30,7 @@ from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
 from ipvsproxy.proxier import PassResult, Proxier, touched
 from ipvsproxy.serve import Health
+from ipvsproxy.status.document import Passes
 from ipvsproxy.sync.render import sentence
 from ipvsproxy.sync.runner import Runner
 from ipvsproxy.sync.tracker import Changes, Tracker
@@ -61,8 +64,13 @@ class AgentLoop:
         clock: Callable[[], float] = time.monotonic,
         service_health: ServiceHealth | None = None,
         node_required: bool = False,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.proxier = proxier
+        # held for each pass: `status` reads the proxier between two (HTTP worker thread)
+        self.lock = threading.Lock()
+        self.passes = Passes()  # when the last full and partial passes completed (status)
+        self._wall_clock = wall_clock
         self._config = proxier.config
         self._service_health = service_health
         # from the API the Node must exist for /healthz to be 200 (kube-proxy); manifests
@@ -109,6 +117,10 @@ class AgentLoop:
         return True
 
     def __call__(self) -> None:
+        with self.lock:
+            self._pass()
+
+    def _pass(self) -> None:
         if not self._ready():
             return
         started = self._clock()
@@ -187,6 +199,8 @@ class AgentLoop:
             extra=counts,
         )
         self.last = result
+        now = self._wall_clock()
+        self.passes = replace(self.passes, **{"full" if result.full else "partial": now})
         if result.full:  # the period counts from its end, as the runner's does
             self._last_full = self._clock()
         if result.transaction_error:

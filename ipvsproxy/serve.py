@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import resource
@@ -49,7 +50,8 @@ class InThread:
     such route, so they run one at a time; a request whose connection has closed (its
     deadline passed while it queued) is skipped, so slow clients cannot pile up work."""
 
-    route: Route
+    route: Route | Callable[[str], Response | Headed]
+    query: bool = False  # the route is called with the request's query string ("" if none)
 
 
 JSON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # as kube-proxy's health answers
@@ -267,6 +269,13 @@ class HttpServer:
         return call(route, target)
 
 
+def _bound(answer: InThread, target: str) -> Route:
+    """The route of `answer`, given the query string of `target` if it takes one."""
+    if answer.query:
+        return functools.partial(answer.route, target.partition("?")[2])  # type: ignore[call-arg]
+    return answer.route  # type: ignore[return-value]
+
+
 def call(route: Route, target: str) -> Headed:
     """A route's reply; a 500 when it raises (a bug in a route: the server goes on)."""
     try:
@@ -379,7 +388,7 @@ class _Connection:
             self.reply(method, answer)
             return
         self.loop.remove_reader(self.fd)  # the request is read; the deadline still runs
-        done = REACTOR.worker.submit(self._slow, answer.route, target)
+        done = REACTOR.worker.submit(self._slow, _bound(answer, target), target)
         done.add_done_callback(lambda f: self._done(method, f))
 
     def _done(self, method: str, done: Future[Headed | None]) -> None:

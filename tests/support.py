@@ -118,7 +118,7 @@ class Agent:
 
     def __init__(self) -> None:
         self.changes: list[str] = []
-        self.tracker = Tracker(on_change=self.changes.append)
+        self.tracker = Tracker(on_change=self.changes.append, node_name=AGENT_CONFIG.node_name)
         self.kernel = FakeKernel()
         self.metrics = Metrics()
         self.health = Health(timeout=60)

@@ -145,7 +145,7 @@ def build(
         "generatedAt": _iso(now),
         "lastFullPass": _iso(passes.full),
         "lastPartialPass": _iso(passes.partial),
-        "rateWindowSeconds": observed.window if observed.rates is not None else None,
+        "rateWindowSeconds": observed.window if observed.rates and observed.traffic else None,
         "inSync": not other and all(s["inSync"] for s in services),
         "otherDrift": other,
         "truncated": len(shown) < len(services),

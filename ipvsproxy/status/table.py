@@ -235,7 +235,10 @@ def _footer(doc: Json) -> list[str]:
         f"last partial pass {doc['lastPartialPass'] or '-'}"
     )
     window = doc["rateWindowSeconds"]
-    rates = f"rates over {window:g}s" if window is not None else "rates: - (one sample)"
+    counted = any(vs["traffic"] for s in doc["services"] for vs in s["virtualServers"])
+    rates = "rates: - (one sample)" if counted else "no counters"
+    if window is not None:
+        rates = f"rates over {window:g}s"
     state = "in sync" if doc["inSync"] else "DRIFT: the kernel differs from what is wanted"
     lines = [where, f"{passes}; {rates}", state]
     if doc["truncated"]:

@@ -74,7 +74,7 @@ def test_nothing_matches(host, tmp_path):
 def test_names_from_input_cannot_forge_lines():
     doc: dict[str, Any] = {
         "services": [{"namespace": "a\nb", "name": "x\x1b[2J", "skipped": "Headless",
-                      "type": "ClusterIP"}],
+                      "type": "ClusterIP", "virtualServers": []}],
         "node": "n", "zone": None, "backend": None, "source": "local", "lastFullPass": None,
         "lastPartialPass": None, "rateWindowSeconds": None, "inSync": True,
         "truncated": False, "warnings": [],

@@ -1,0 +1,165 @@
+"""The agent's /status (status/endpoint.py) over the agent's own pieces on a FakeKernel
+(support.Agent): the document from the agent's state, filtered by `?service=`, pending
+changes shown as drift, read between two passes (never during one) in the worker thread
+while probes are answered, a failed kernel read a 503, a bad filter a 400."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ipvsproxy.errors import ConfigError, KernelError
+from ipvsproxy.serve import HttpServer
+from ipvsproxy.status.client import fetch
+from ipvsproxy.status.compute import Sampler
+from ipvsproxy.status.document import Selector
+from ipvsproxy.status.endpoint import PATH, selector_of, status_route
+from ipvsproxy.sync.tracker import NODE
+from ipvsproxy.traffic import TrafficReader
+from tests.factories import ep, slice_
+from tests.status.scene import HERE, OBJECTS, WEB_VIP, count, pod, valid, zoned_node
+from tests.support import AGENT_CONFIG, Agent, Clock
+
+
+class Served:
+    def __init__(self) -> None:
+        self.agent = Agent()
+        self.agent.tracker.replace(NODE, [zoned_node()])
+        self.agent.feed(*OBJECTS)
+        self.agent.sync()
+        self.clock = Clock(100.0)
+        self.reader = TrafficReader(lambda: self.agent.kernel, clock=self.clock)
+        route = status_route(
+            lock=self.agent.sync.lock,
+            proxier=self.agent.sync.proxier,
+            tracker=self.agent.tracker,
+            passes=lambda: self.agent.sync.passes,
+            sampler=Sampler(self.reader),
+            backend="ipvs",
+            config=AGENT_CONFIG,
+            clock=lambda: 1_800_000_000.0,
+        )
+        probe = lambda: (200, "text/plain", b"ok\n")  # noqa: E731
+        self.server = HttpServer(("127.0.0.1", 0), {PATH: route, "/healthz": probe}).start()
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = Served()
+    yield s
+    s.server.close()
+
+
+def test_the_agents_document(served):
+    doc = valid(fetch(served.url, None))
+    assert (doc["source"], doc["backend"], doc["generatedAt"]) == (
+        "agent", "ipvs", "2027-01-15T08:00:00Z"
+    )  # fmt: skip
+    assert doc["lastFullPass"] is not None
+    assert doc["inSync"]
+    web = next(s for s in doc["services"] if s["name"] == "web")
+    assert [v["kind"] for v in web["virtualServers"]] == ["cluster-ip", "node-port"]
+    assert {e["address"]: [r["reason"] for r in e["notProgrammed"]] for e in web["endpoints"]} == {
+        "10.244.1.5": [],
+        "10.244.2.7": ["OtherNode"],
+        "10.244.1.9": ["Terminating", "Terminating"],
+        "10.244.1.6": ["NotReady", "NotReady"],
+    }
+
+
+def test_filtered_by_service_and_port(served):
+    doc = valid(fetch(served.url, Selector.parse("demo/web:http")))
+    assert [(s["name"], s["port"]) for s in doc["services"]] == [("web", "http")]
+    assert valid(fetch(served.url, Selector.parse("demo/nothing")))["services"] == []
+
+
+@pytest.mark.parametrize("query", ["service=web", "service=a/b&service=c/d", "service="])
+def test_a_bad_filter_is_a_400_with_one_line(served, query):
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(f"{served.url}{PATH}?{query}", timeout=10)
+    assert caught.value.code == 400
+    assert len(caught.value.read().decode().strip().splitlines()) == 1
+    with pytest.raises(ConfigError):
+        selector_of(query)
+
+
+def test_changes_not_yet_synced_are_drift_until_the_next_pass(served):
+    moved = slice_("web", ns="demo", endpoints=[pod("10.244.1.5", "web-x"), ep("10.244.1.7")])
+    served.agent.feed(*[o for o in OBJECTS if o["kind"] != "EndpointSlice"], moved)
+    doc = valid(fetch(served.url, Selector.parse("demo/web")))
+    assert not doc["inSync"]
+    assert (
+        "+ ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.7:8080 -m -w 1"
+        in (doc["services"][0]["virtualServers"][0]["drift"])
+    )
+    served.agent.sync()
+    assert valid(fetch(served.url, Selector.parse("demo/web")))["inSync"]
+
+
+def test_rates_once_the_agent_has_two_samples(served):
+    count(served.agent.kernel, WEB_VIP, HERE, conns=1)
+    first = fetch(served.url, None)
+    assert first["rateWindowSeconds"] is None
+    served.clock.now += 1.5
+    count(served.agent.kernel, WEB_VIP, HERE, conns=1, scale=4)
+    second = valid(fetch(served.url, None))
+    assert second["rateWindowSeconds"] == 1.5
+    web = next(s for s in second["services"] if s["name"] == "web")
+    here = next(e for e in web["endpoints"] if e["address"] == "10.244.1.5")
+    assert here["traffic"]["rates"]["connectionsPerSecond"] == 2.0
+
+
+def test_read_between_passes_in_the_worker_while_probes_are_answered(served):
+    got: list[dict[str, Any]] = []
+    with served.agent.sync.lock:  # a pass in progress
+        asking = threading.Thread(target=lambda: got.append(fetch(served.url, None)))
+        asking.start()
+        time.sleep(0.3)
+        assert not got  # waits for the pass to end
+        with urllib.request.urlopen(f"{served.url}/healthz", timeout=2) as answer:
+            assert answer.status == 200  # the event loop is not held
+    asking.join(timeout=10)
+    assert got
+    assert got[0]["kind"] == "Status"
+
+
+def test_a_failed_kernel_read_is_a_503(served, monkeypatch):
+    def fail() -> None:
+        raise KernelError("netlink: no")
+
+    monkeypatch.setattr(served.agent.kernel, "traffic", fail)
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(f"{served.url}{PATH}", timeout=10)
+    assert caught.value.code == 503
+    assert b"netlink: no" in caught.value.read()
+
+
+def test_a_drain_in_progress_is_shown_and_is_no_drift(served):
+    served.agent.kernel.conns[WEB_VIP] = {HERE: (2, 0)}
+    rest = slice_("web", ns="demo", endpoints=[pod("10.244.2.7", "web-b", node="node-b")])
+    served.agent.feed(*[o for o in OBJECTS if o["kind"] != "EndpointSlice"], rest)
+    served.agent.sync()  # 10.244.1.5 leaves with a connection: it drains at weight 0
+    doc = valid(fetch(served.url, Selector.parse("demo/web")))
+    row = next(e for e in doc["services"][0]["endpoints"] if e["address"] == "10.244.1.5")
+    assert (row["inSlice"], row["draining"]) == (False, True)
+    assert {"virtualServer": "TCP 10.96.0.10:80", "weight": 0} in row["programmed"]
+    assert doc["inSync"], doc["services"][0]["virtualServers"]
+
+
+def test_the_agents_winner_of_a_contested_virtual_server(served):
+    from tests.factories import service
+
+    twin = service("a-twin", ns="demo")  # 10.96.0.10:80 too; first by namespace/name
+    served.agent.feed(*OBJECTS, twin)
+    served.agent.sync()
+    doc = valid(fetch(served.url, Selector.parse("demo/web")))
+    vip = doc["services"][0]["virtualServers"][0]
+    assert (vip["claimedBy"], vip["drift"]) == ("demo/a-twin:http", [])
+    assert doc["inSync"]
