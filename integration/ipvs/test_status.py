@@ -1,0 +1,100 @@
+"""`ipvsproxy status` against a running agent on the real IPVS kernel: real connections
+through a ClusterIP show up as connections, packets and bytes on the endpoint that served
+them, in the agent's /status read by the CLI (`-o json`), with rates once two samples exist.
+Run by scripts/vm-test inside the IPVS VM (one agent from manifests, two backends: ~20 s)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from integration.conftest import clean_ipvs
+from integration.lab import PORT, Lab, built, request
+from tests.factories import ep, node, port, service, slice_
+from tests.status.scene import SCHEMA
+from tests.support import eventually, free_port
+
+pytestmark = pytest.mark.vm
+IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
+VIP = "10.96.0.40"
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[Lab, str]]:
+    """An agent programming one ClusterIP Service over two backends; (lab, its URL)."""
+    clean_ipvs()
+    metrics, health = free_port(), free_port()
+    log = tmp_path / "agent.log"
+    with built(2) as lab:
+        objects = [
+            node(addresses=("10.250.1.1",)),
+            service("web", cluster_ips=(VIP,), ports=[port("http", 80, "TCP", PORT)]),
+            slice_("web", ports=(("http", PORT, "TCP"),),
+                   endpoints=[ep(b.address) for b in lab.backends]),
+        ]  # fmt: skip
+        manifest = tmp_path / "cluster.yaml"
+        manifest.write_text(yaml.safe_dump_all(objects))
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [IPVSPROXY, "run", "--manifests", str(manifest), "--hostname-override",
+                 "node-a", "--metrics-bind-address", f"127.0.0.1:{metrics}",
+                 "--healthz-bind-address", f"127.0.0.1:{health}"],
+                stdout=out, stderr=out,
+            )  # fmt: skip
+        try:
+            eventually(
+                lambda: proc.poll() is None and subprocess.run(
+                    ["ipvsadm", "-Ln", "-t", f"{VIP}:80"], capture_output=True
+                ).returncode == 0,
+                120, "the agent programmed the VIP", interval=0.3,
+                detail=lambda: log.read_text()[-3000:],
+            )  # fmt: skip
+            yield lab, f"http://127.0.0.1:{metrics}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+            clean_ipvs()
+
+
+def status(url: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [IPVSPROXY, "status", "--agent", url, "-o", "json", "default/web"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads(done.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
+def by_address(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    (web,) = doc["services"]
+    return {e["address"]: e["traffic"] for e in web["endpoints"]}
+
+
+def test_connections_and_bytes_go_up_on_the_endpoint_that_served_them(agent):
+    lab, url = agent
+    names = {b.name: b.address for b in lab.backends}
+    before = by_address(status(url))
+    served = Counter(names[request(lab.clients[0], VIP, 80)] for _ in range(6))
+    time.sleep(1.5)  # the agent's readings are at least a second apart
+    doc = status(url)
+    after = by_address(doc)
+    assert doc["backend"] == "ipvs"
+    for address, n in served.items():
+        assert after[address]["connections"] - before[address]["connections"] == n
+        assert after[address]["bytesIn"] > before[address]["bytesIn"]
+        assert after[address]["bytesOut"] > before[address]["bytesOut"]
+        assert after[address]["packetsIn"] > before[address]["packetsIn"]
+    assert doc["rateWindowSeconds"] is not None
+    assert sum(t["rates"]["connectionsPerSecond"] for t in after.values()) > 0
