@@ -199,10 +199,8 @@ class LocalStatus:
         *,
         source: Source,
         kernel_state: Path | None,
-        clock: Callable[[], float] = time.monotonic,  # the counters' readings (tests)
     ) -> None:
         self.config = config
-        self._clock = clock
         self.source = source
         self.kernel_state = kernel_state
         self._stack = ExitStack()
@@ -212,8 +210,7 @@ class LocalStatus:
     def __enter__(self) -> LocalStatus:
         if self.kernel_state is None:
             backend = self._backend = self._stack.enter_context(open_backend(self.config))
-            reader = TrafficReader(lambda: backend.kernel, clock=self._clock)
-            self._sampler = Sampler(reader, max_age=math.inf)
+            self._sampler = Sampler(TrafficReader(lambda: backend.kernel), max_age=math.inf)
         return self
 
     def __exit__(self, *exc: object) -> None:

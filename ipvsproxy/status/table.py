@@ -76,10 +76,14 @@ def _block(svc: Json, *, width: int, wide: bool) -> list[str]:
              if policies[scope] == "Local"]  # fmt: skip
     if local:
         head += "  " + ", ".join(local)
-    if svc["fellBack"]:
-        head += f"  (no local endpoint: {', '.join(svc['fellBack'])} uses the cluster's)"
     head += "  in sync" if svc["inSync"] else "  DRIFT"
-    lines = [head, *_servers(svc["virtualServers"], wide=wide)]
+    lines = [head]
+    if svc["fellBack"]:
+        fell = " and ".join(svc["fellBack"])
+        lines.append(
+            f"  no local endpoint: {fell} virtual servers use the cluster's (for pods here)"
+        )
+    lines += _servers(svc["virtualServers"], wide=wide)
     names = WIDE if wide else NARROW
     rows = [_row(ep, svc, wide=wide) for ep in svc["endpoints"]]
     lines += ["  " + line for line in _table(names, rows, width - 2)]

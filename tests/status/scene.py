@@ -11,12 +11,14 @@ from typing import Any
 
 import jsonschema
 
+from ipvsproxy import agent
 from ipvsproxy.config import Config
 from ipvsproxy.model import Counters, DestTraffic, RSKey, Traffic, VSKey
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.testing import FakeKernel
+from ipvsproxy.traffic import TrafficReader
 from tests.factories import V, ep, node, port, service, slice_
-from tests.support import Synced
+from tests.support import Clock, Synced
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "status.schema.json").read_text())
 CONFIG = Config(node_name="node-a")
@@ -87,3 +89,14 @@ def valid(doc: dict[str, Any]):
     """The document, checked against docs/status.schema.json."""
     jsonschema.validate(doc, SCHEMA)
     return doc
+
+
+def on_a_fake_clock(monkeypatch: Any) -> Clock:
+    """`status` without an agent reads the counters on this clock (agent.TrafficReader)."""
+    clock = Clock(100.0)
+
+    def reader(open_kernel: Any, **kw: Any) -> TrafficReader:
+        return TrafficReader(open_kernel, clock=clock, **kw)
+
+    monkeypatch.setattr(agent, "TrafficReader", reader)
+    return clock

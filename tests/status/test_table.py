@@ -24,14 +24,14 @@ from tests.status.scene import (
     WEB_NODEPORT,
     WEB_VIP,
     count,
+    on_a_fake_clock,
     valid,
 )
-from tests.support import Clock
 
 DATA = Path(__file__).parents[1] / "data"
 
 
-def document(host, tmp_path: Path, selector: str | None = None):
+def document(host, tmp_path: Path, monkeypatch, selector: str | None = None):
     """Two readings 2 s apart; drift (a weight changed behind the agent's back) and a
     removed endpoint draining."""
     path = tmp_path / "objects.json"
@@ -39,9 +39,9 @@ def document(host, tmp_path: Path, selector: str | None = None):
     gone = RealServer(RSKey(ip_address("10.244.3.3"), 8080), 0)
     host.apply([AddDest(WEB_VIP, gone), UpdateDest(WEB_NODEPORT, RealServer(HERE, 3))])
     host.conns[WEB_VIP] = {gone.key: (1, 0)}
-    clock = Clock(100.0)
+    clock = on_a_fake_clock(monkeypatch)
     source = agent.Manifests((path,))
-    with agent.LocalStatus(CONFIG, source=source, kernel_state=None, clock=clock) as st:
+    with agent.LocalStatus(CONFIG, source=source, kernel_state=None) as st:
         count(host, WEB_VIP, HERE, conns=3)
         count(host, WEB_VIP, THERE, conns=1)
         st.document(None)
@@ -57,8 +57,8 @@ def document(host, tmp_path: Path, selector: str | None = None):
     [("status-100.txt", 100, False), ("status-60.txt", 60, False),
      ("status-wide-160.txt", 160, True)],
 )  # fmt: skip
-def test_golden(host, tmp_path, name, width, wide):
-    text = render(document(host, tmp_path), width=width, wide=wide)
+def test_golden(host, tmp_path, monkeypatch, name, width, wide):
+    text = render(document(host, tmp_path, monkeypatch), width=width, wide=wide)
     assert all(len(line) <= width for line in text.splitlines())
     golden = DATA / name
     if os.environ.get("UPDATE_GOLDEN"):
@@ -66,8 +66,8 @@ def test_golden(host, tmp_path, name, width, wide):
     assert text == golden.read_text()
 
 
-def test_nothing_matches(host, tmp_path):
-    text = render(document(host, tmp_path, "demo/none"), width=100)
+def test_nothing_matches(host, tmp_path, monkeypatch):
+    text = render(document(host, tmp_path, monkeypatch, "demo/none"), width=100)
     assert text.startswith("no Service matches\n")
 
 
