@@ -13,13 +13,14 @@ Imports: proxier, sync, traffic, model, api, config.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 from ipvsproxy.api import EndpointSliceView, NodeView, Ref, ServiceView
 from ipvsproxy.config import Config
 from ipvsproxy.model import IpvsState, RealServer, VSKey
 from ipvsproxy.proxier import PassPlan, Proxier
-from ipvsproxy.status.document import Observed, Selector
+from ipvsproxy.status.document import MAX_PORTS, Observed, Selector
 from ipvsproxy.sync.desired import Explanation, explain_service
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.plan import plan
@@ -45,8 +46,11 @@ def explained(
     node: NodeView,
     config: Config,
     selector: Selector | None,
+    *,
+    limit: int | None = None,
 ) -> Explained:
-    """The Services shown (all, or the selected one), by namespace and name, explained."""
+    """The Services shown (all, or the selected one), by namespace and name, explained;
+    with `limit`, only until they have more than that many ports (a document's bound)."""
     by_service: dict[Ref, list[EndpointSliceView]] = {}
     for s in slices:
         if s.service_name:
@@ -55,10 +59,17 @@ def explained(
         (s for s in services if selector is None or selector.matches(s)),
         key=lambda s: (s.namespace, s.name),
     )
-    return [
-        (svc, explain_service(svc, by_service.get((svc.namespace, svc.name), ()), node, config))
-        for svc in chosen
-    ]
+    out: Explained = []
+    ports = 0
+    for svc in chosen:
+        explanation = explain_service(
+            svc, by_service.get((svc.namespace, svc.name), ()), node, config
+        )
+        out.append((svc, explanation))
+        ports += max(1, len(explanation.ports))
+        if limit is not None and ports > limit:
+            break
+    return out
 
 
 def from_plan(
@@ -81,27 +92,33 @@ def from_agent(
     services: Iterable[ServiceView],
     slices: Iterable[EndpointSliceView],
     selector: Selector | None,
+    *,
+    lock: AbstractContextManager[object],
 ) -> Inputs:
-    """The agent's view, read while its loop holds no pass (the caller holds its lock):
-    the latest objects translated (what the next pass will ask for: Services changed since
-    the last pass show as drift), its draining destinations held at weight 0, what the
-    kernel refused served plainer, planned against the table it knows."""
-    node = proxier.node or NodeView(proxier.config.node_name)
-    shown = explained(services, slices, node, proxier.config, selector)
+    """The agent's view: the latest objects translated (what its next pass will ask for:
+    Services changed since the last pass show as drift), its draining destinations held at
+    weight 0, what the kernel refused served plainer, planned against the table it knows.
+    The agent's state is read under the agent loop's `lock` (never mid-pass); translating
+    the Services shown happens outside it, so the loop waits only for the reads."""
+    with lock:
+        node = proxier.node or NodeView(proxier.config.node_name)
+    shown = explained(services, slices, node, proxier.config, selector, limit=MAX_PORTS)
     index = DesiredIndex()
     for svc, explanation in shown:
         index.update((svc.namespace, svc.name), explanation.contribution)
     keys = set(index.services)
-    owners = {**index.names(keys), **proxier.index.names(keys)}  # the node's winners first
-    mine = {key for key in keys if owners[key] == index.names((key,)).get(key)}
-    addresses = {key.address for key in mine}
-    wanted = _holding(index.state_for(mine, addresses), proxier)
-    wanted = proxier.refusals.served(wanted, owners, whole=False)
-    kernel = proxier.table.state_for(mine, addresses)
-    drift = plan(
-        wanted, kernel, ownership=proxier.ownership, manage_addresses=proxier.manage_addresses
-    )
-    return Inputs(shown, node, owners, Observed(kernel=kernel, drift=drift), proxier.warnings)
+    ours = index.names(keys)  # the Service port of each key among those shown
+    with lock:
+        owners = {**ours, **proxier.index.names(keys)}  # the node's winners first
+        mine = {key for key in keys if owners[key] == ours[key]}
+        addresses = {key.address for key in mine}
+        wanted = _holding(index.state_for(mine, addresses), proxier)
+        wanted = proxier.refusals.served(wanted, owners, whole=False)
+        kernel = proxier.table.state_for(mine, addresses)
+        ownership, manage = proxier.ownership, proxier.manage_addresses
+        warnings = proxier.warnings
+    drift = plan(wanted, kernel, ownership=ownership, manage_addresses=manage)
+    return Inputs(shown, node, owners, Observed(kernel=kernel, drift=drift), warnings)
 
 
 def _holding(state: IpvsState, proxier: Proxier) -> IpvsState:

@@ -56,9 +56,8 @@ def status_route(
             if isinstance(v, ServiceView) and (selector is None or selector.matches(v))
         ]
         slices = [v for v in tracker.views(SLICE) if isinstance(v, EndpointSliceView)]
-        with lock:
-            inputs = from_agent(proxier, services, slices, selector)
-            done = passes()
+        inputs = from_agent(proxier, services, slices, selector, lock=lock)
+        done = passes()
         try:
             observed = sampler.observe(inputs.observed)
         except KernelError as exc:

@@ -164,3 +164,26 @@ def test_watch_refreshes_in_place_on_a_terminal(served, monkeypatch):
     assert frames[0] == ""
     assert len(frames) == 3
     assert frames[1].startswith("demo/db:pg")
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [("127.0.0.1", "http://127.0.0.1:10249"), ("0.0.0.0", "http://127.0.0.1:10249"),
+     ("::", "http://[::1]:10249"), ("fd00::1", "http://[fd00::1]:10249")],
+)  # fmt: skip
+def test_the_agents_url_from_its_bind_address(host, url):
+    from ipvsproxy.status.client import agent_url
+
+    assert agent_url(host, 10249) == url
+
+
+def test_the_agents_address_from_configs_metrics_bind_address(tmp_path):
+    port = free_port()
+    config = tmp_path / "kp.yaml"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"metricsBindAddress: 0.0.0.0:{port}\n"
+    )
+    result = run("status", "--config", str(config))
+    assert result.exit_code == 2
+    assert f"no agent answers at http://127.0.0.1:{port}" in result.stderr
