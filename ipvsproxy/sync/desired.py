@@ -8,7 +8,9 @@ EndpointSlices; ready endpoints, else serving-and-terminating ones; topology hin
 without an endpoint here falling back to the cluster's (counted: `Desired.no_local_endpoints`);
 each IP family on its own (nothing of a family the Service has no ClusterIP of); the node's
 own addresses never bound; session affinity as IPVS persistence; per-Service schedulers.
-Warnings are returned as data.
+Warnings are returned as data. `explain_service` is the same translation saying why each
+endpoint it leaves out is left out (`Reason`, per `Scope`), for `status`: the rules that
+filter the endpoints name themselves, there is no second copy of them.
 
 Imports: api, model, schedulers, config.
 """
