@@ -46,6 +46,7 @@ from ipvsproxy.testing import FakeKernel
 
 if TYPE_CHECKING:
     from ipvsproxy.serve import Health, HttpServer
+    from ipvsproxy.sync.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +246,13 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     # manifests) fails with the node untouched. Reaching the API is not required: the
     # watchers retry that, and a node keeps its rules while the API server is down.
     start_sources, close_source = _open_source(source, config, tracker, stop, metrics)
+    halt = _halter(fatal, stop, runners)
     with ExitStack() as stack:
         stack.callback(close_source)
+        stack.callback(stop.set)  # the watchers end with the agent, whatever stops it
+        # The lists go out now, while the node is prepared: reading the API and preparing
+        # the node overlap, and the first pass starts as soon as both are done.
+        threads = start_sources(halt)
         backend = stack.enter_context(open_backend(config))
         prepare(backend, config)
         remove_leftovers(backend, config)
@@ -269,12 +275,6 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         agent_loop.runner = runner
         runners.append(runner)
 
-        def halt(error: IpvsproxyError | None = None) -> None:
-            if error is not None:
-                fatal.append(error)
-            stop.set()
-            runner.stop()
-
         # a caller's `stop` (an embedding program, a test) ends the loop like a signal
         def stop_on_request() -> None:
             stop.wait()
@@ -286,7 +286,6 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         cleanups.append(service_health.close)
 
         try:
-            threads = start_sources(halt)
             with _signals(halt, resync=agent_loop.resync):
                 if not stop.is_set():
                     log.info("running: %s", _describe(source))
@@ -300,6 +299,22 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     if fatal:
         raise fatal[0]
     log.info("stopped; %s rules left in place", backend.name)
+
+
+def _halter(
+    fatal: list[IpvsproxyError], stop: threading.Event, runners: Sequence[Runner]
+) -> Callable[..., None]:
+    """What stops the agent: a signal, a watcher's fatal error (kept in `fatal`), before or
+    after the loop has started."""
+
+    def halt(error: IpvsproxyError | None = None) -> None:
+        if error is not None:
+            fatal.append(error)
+        stop.set()
+        for runner in runners:
+            runner.stop()
+
+    return halt
 
 
 def _proxier(
