@@ -36,6 +36,7 @@ from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
+from ipvsproxy.firewall.kube_proxy import read_adopted
 from ipvsproxy.firewall.sets import is_record, record_of
 from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.iptables import IptablesKernel
@@ -200,6 +201,7 @@ class Proxier:
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
     # made by ipvsproxy, as the kernel's record said at the last full observation
     _recorded: frozenset[VSKey] = frozenset()
+    _adopted: frozenset[VSKey] | None = None  # kube-proxy's NodePorts (None: not read yet)
     _sets: SetIndex | None = None  # the firewall's sets, kept per virtual server
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
@@ -282,9 +284,20 @@ class Proxier:
         if self._ownership is None:
             addresses = self.node.addresses if self.node is not None else ()
             self._ownership = replace(
-                ownership_for(self.config, addresses), known=self._known, recorded=self._recorded
+                ownership_for(self.config, addresses),
+                known=self._known,
+                recorded=self._recorded,
+                range_claims=not self._keeps_record,
             )
         return self._ownership
+
+    @property
+    def _keeps_record(self) -> bool:
+        """Whether the kernel holds a record of what ipvsproxy made (ownership rule 5): the
+        fallback's chains, or IPVS's CREATED sets (with the firewall; not a saved table)."""
+        return isinstance(self.kernel, IptablesKernel) or (
+            self.firewall is not None and self.manage_addresses
+        )
 
     def families(self) -> set[int]:
         """The IP versions of the virtual servers this node serves (4 when none)."""
@@ -368,11 +381,31 @@ class Proxier:
         if isinstance(self.kernel, IptablesKernel):
             recorded = frozenset(observation.ipvs.services)
         elif observation.firewall is not None:
-            recorded = recorded_by(observation.firewall.sets)
+            recorded = recorded_by(observation.firewall.sets) | self._adopt(observation)
         else:
             recorded = frozenset()
         if recorded != self._recorded:
             self._recorded, self._ownership = recorded, None
+
+    def _adopt(self, observation: _Observation) -> frozenset[VSKey]:
+        """kube-proxy's NodePorts (ownership rule 6), read at the first full observation of
+        this process only: on a node that has just moved from kube-proxy that pass deletes
+        the stale ones and records the wanted ones as ipvsproxy's; kept for the process's
+        life, so a deletion the kernel refuses is tried again."""
+        if self._adopted is None:
+            assert self.firewall is not None
+            addresses = self.ownership.nodeport_addresses
+            keys = observation.ipvs.services
+            self._adopted, warning = read_adopted(self.firewall.commands, keys, addresses)
+            if warning:
+                log.warning("%s", warning)
+            elif self._adopted:
+                log.info(
+                    "kube-proxy's NodePort ipsets list %d virtual servers on node addresses: "
+                    "taken over as kube-proxy's NodePorts",
+                    len(self._adopted),
+                )
+        return self._adopted
 
     def _plan_ipvs(self, observed: IpvsState, repairs: tuple[str, ...]) -> tuple[PassPlan, Desired]:
         desired = self.index.desired()
