@@ -55,7 +55,8 @@ def test_only_node_address_virtual_servers_with_a_listed_protocol_and_port_are_a
 
 class Ipset:
     def __init__(self, names: str, saved: str = "", fail: bool = False) -> None:
-        self.names, self.saved, self.fail, self.ran = names, saved, fail, []
+        self.names, self.saved, self.fail = names, saved, fail
+        self.ran: list[list[str]] = []
 
     def run(self, args, *, stdin=None):
         self.ran.append(args)
@@ -66,7 +67,8 @@ class Ipset:
 
 def test_a_node_without_kube_proxy_sets_reads_nothing_more():
     commands = Ipset("IPVSPROXY-CREATED\nKUBE-FIREWALL\n")
-    assert read_adopted(commands, [VSKey(NODE, 30080, Proto.TCP)], frozenset({NODE})) == (
+    got = read_adopted(commands, [VSKey(NODE, 30080, Proto.TCP)], frozenset({NODE}))  # type: ignore[arg-type]
+    assert got == (
         frozenset(),
         "",
     )
@@ -74,7 +76,7 @@ def test_a_node_without_kube_proxy_sets_reads_nothing_more():
 
 
 def test_an_ipset_that_cannot_run_adopts_nothing_and_says_so():
-    got, warning = read_adopted(Ipset("", fail=True), [], frozenset({NODE}))
+    got, warning = read_adopted(Ipset("", fail=True), [], frozenset({NODE}))  # type: ignore[arg-type]
     assert got == frozenset()
     assert "cannot read kube-proxy's NodePort ipsets" in warning
 
