@@ -440,29 +440,37 @@ def ignored_flag_options(func: F) -> F:
     return apply(func, options)
 
 
+def log_level_option() -> Callable[[F], F]:
+    return option(
+        "--log-level",
+        section=LOGGING,
+        type=click.Choice(logs.LEVELS),
+        default="info",
+        show_default=True,
+        help="Log lines of this level and above.",
+    )
+
+
+def log_format_option(more: str = "") -> Callable[[F], F]:
+    return option(
+        "--log-format",
+        "--logging-format",
+        "log_format",
+        section=LOGGING,
+        type=click.Choice(logs.FORMATS),
+        default="text",
+        show_default=True,
+        help="json: one JSON object per line (time, level, logger, msg and the record's fields, "
+        "docs/logging.md). --logging-format is kube-proxy's name." + more,
+    )
+
+
 def logging_options(func: F) -> F:
     """The logging options, accepted after the subcommand too (there they win over the ones
     before it)."""
     return apply(func, [
-        option(
-            "--log-level",
-            section=LOGGING,
-            type=click.Choice(["debug", "info", "warning", "error"]),
-            default="info",
-            show_default=True,
-            help="Log lines of this level and above.",
-        ),
-        option(
-            "--log-format",
-            "--logging-format",
-            "log_format",
-            section=LOGGING,
-            type=click.Choice(["text", "json"]),
-            default="text",
-            show_default=True,
-            help="json: one JSON object per line (time, level, logger, msg). "
-            "--logging-format is kube-proxy's name.",
-        ),
+        log_level_option(),
+        log_format_option(),
         option(
             "--v",
             "-v",
@@ -557,26 +565,8 @@ def errors_to_exit(func: F) -> F:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ipvsproxy", cls=SectionOption, section=OWN)
-@option(
-    "--log-level",
-    section=LOGGING,
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    help="Log lines of this level and above.",
-)
-@option(
-    "--log-format",
-    "--logging-format",
-    "log_format",
-    section=LOGGING,
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: one JSON object per line (time, level, logger, msg and the record's fields, "
-    "docs/logging.md). --logging-format is "
-    "kube-proxy's name. Given after the command too, these win there.",
-)
+@log_level_option()
+@log_format_option(" Given after the command too, these win there.")
 def main(log_level: str, log_format: str) -> None:
     """ipvsproxy: Kubernetes Service VIPs with the kernel's IPVS load balancer."""
     logs.configure(log_level, log_format)
