@@ -95,9 +95,8 @@ def apply_pass(
 def log_operations(result: IpvsResult) -> None:
     """One debug line per operation; a refused one also says why (`error`)."""
     refused = {failure.op: str(failure.error) for failure in result.report.failures}
-    services = (result.state.services, result.observed.services)
     for op in result.plan:
-        fields = facts(op, result.names, *services)
+        fields = result.facts(op)
         text = sentence(fields)
         if op in refused:
             fields["error"] = refused[op]
