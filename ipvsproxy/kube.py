@@ -29,8 +29,9 @@ the agent's memory or a hung `diff` (docs/reliability.md, "Hostile and unlucky n
   1.5 MiB, and its JSON is at most a few times that);
 - a list waits `read_timeout` (60 s: kube-apiserver ends a non-watch request after its
   --request-timeout, 1 minute by default) between bytes and `list_deadline` (300 s) for all its
-  pages: a server trickling a byte at a time is cut there (`kubeclient.Deadline`); a watch
-  stream is cut `inactivity_timeout` after the `timeoutSeconds` the server was asked to end it;
+  pages: a server trickling a byte at a time is cut there (`kubeclient.Deadline`), and so is
+  a lookup of its name that never ends; a watch stream is cut `inactivity_timeout` after the
+  `timeoutSeconds` the server was asked to end it;
 - a reply that is not a list of the kind asked for (`[1,2,3]`, `{"metadata": "x"}`, no
   `metadata.resourceVersion`) is refused: never read as an empty list, which would delete
   every Service.
@@ -251,7 +252,7 @@ class Watcher:
             except Transient as exc:
                 if deadline.expired:
                     what = f"no complete answer within {s.list_deadline:g}s"
-                    raise Transient(what) from exc
+                    raise Transient(_at_deadline(what, exc)) from exc
                 raise
         self._sink.replace(self.kind, items)
         self.listed = True
@@ -338,7 +339,7 @@ class Watcher:
                 self._follow(timeout, s)
             except Transient as exc:
                 if deadline.expired:
-                    raise Transient(cut) from exc
+                    raise Transient(_at_deadline(cut, exc)) from exc
                 raise
             if deadline.expired:  # cut where the stream could end cleanly: still a failure
                 raise Transient(cut)
@@ -500,6 +501,15 @@ def _lines(response: Any, cap: int) -> Iterator[bytes]:
         raise Transient(_why(exc)) from exc
 
 
+def _at_deadline(what: str, exc: Transient) -> str:
+    """Why a request was cut at its deadline: `what`, unless no connection was made by then
+    (its name still resolving, or the connect under way): then `exc` says so."""
+    cause = exc.__cause__
+    if isinstance(cause, urllib3.exceptions.MaxRetryError):
+        cause = cause.reason
+    return str(exc) if isinstance(cause, urllib3.exceptions.ConnectTimeoutError) else what
+
+
 def _size(n: int) -> str:
     if n >= MiB:
         return f"{n / MiB:g} MiB"
@@ -518,6 +528,8 @@ def _why(exc: BaseException) -> str:
             return f"{str(what).rstrip('.').lower()}: {_why(cause)}"
     if isinstance(exc, OSError) and not isinstance(exc, ssl.SSLError) and exc.strerror:
         return exc.strerror
+    if type(exc) is urllib3.exceptions.ConnectTimeoutError and len(exc.args) == 2:
+        return _printable(str(exc.args[1]))  # (connection, message), as urllib3 raises it
     text = _one_line(exc)
     text = re.sub(r"^\w+\(host='[^']*', port=\d+\): ", "", text)
     text = re.sub(r"^<[^>]*>: ", "", text)

@@ -32,7 +32,7 @@ from ipvsproxy.cli import main
 from ipvsproxy.errors import ApiUnavailable
 from ipvsproxy.sync.tracker import SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
-from tests.support import eventually
+from tests.support import eventually, never_resolving
 
 ROOT = Path(__file__).parent.parent
 STATE = ROOT / "examples" / "kernel-state.txt"
@@ -487,8 +487,37 @@ def test_diff_on_a_refusal_with_a_hostile_message_exits_2_with_one_escaped_line(
     assert "\x1b" not in line
 
 
+def test_diff_against_a_name_that_never_resolves_exits_2_with_one_line_at_the_deadline(
+    tmp_path, monkeypatch
+):
+    """The lookup of the server's name blocks (a name server that never answers): `diff`
+    gives up at the list's deadline, as for a server that never answers. Before: it waited
+    for the lookup, for ever (getaddrinfo has no timeout, and the deadline cut sockets only)."""
+    kc = tmp_path / "kc"
+    kc.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://api.nowhere.test:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }))  # fmt: skip
+    monkeypatch.setattr(kube, "DIFF", SHORT)
+    with never_resolving("api.nowhere.test") as lookups:
+        started = time.monotonic()
+        line = diff_fails(kc, "https://api.nowhere.test:6443")
+        assert time.monotonic() - started < SHORT.list_deadline + 1.5
+    assert lookups  # the resolver was asked, and blocked
+    assert line.endswith(": no connection to api.nowhere.test:6443 before the 1.5s deadline "
+                         "(name resolution or connect still under way)"), line  # fmt: skip
+
+
 def assert_diff_fails(server: Raw, tmp_path: Path, host: str) -> str:
-    kc = str(server.kubeconfig(tmp_path / "kc"))
+    return diff_fails(server.kubeconfig(tmp_path / "kc"), host)
+
+
+def diff_fails(kubeconfig: Path, host: str) -> str:
+    """`diff --kubeconfig` of `host`'s Services: exit 2 and one line on stderr (within 15 s)."""
+    kc = str(kubeconfig)
     outcome: list[Any] = []
     runner = threading.Thread(
         target=lambda: outcome.append(CliRunner().invoke(
