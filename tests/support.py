@@ -5,7 +5,8 @@
 - `Agent`, `driven_agent`, `next_run`: the agent's long-running pieces over FakeKernel (a
   runner on a fake clock in `driven_agent`); `sample`: one value of the agent's metrics.
 - `eventually`, `Clock`, `free_port`: waiting for a thread or process, a fake clock, a port.
-- `never_resolving`: a host name whose lookup blocks, as with a name server that never answers.
+- `never_resolving`: a host name whose lookup blocks, as with a name server that never answers;
+  `connecting`: the worker threads still making a connection (`kubeclient.Deadline.connect`).
 - Fake `Commands` (the tools the firewall and the iptables fallback run): `FakeHost` (ipset
   in memory, empty iptables), `FakeIptables` (iptables tables held as text),
   `ScriptedCommands` (answers by argv prefix) and `RecordingCommands` (records, answers "").
@@ -105,6 +106,11 @@ def never_resolving(host: str) -> Iterator[list[str]]:
     finally:
         socket.getaddrinfo = real
         release.set()  # the lookups still blocked end (failing)
+
+
+def connecting() -> list[threading.Thread]:
+    """The threads still making a connection for `kubeclient.Deadline.connect`."""
+    return [t for t in threading.enumerate() if t.name == "ipvsproxy-connect"]
 
 
 class Clock:

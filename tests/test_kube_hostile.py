@@ -32,7 +32,7 @@ from ipvsproxy.cli import main
 from ipvsproxy.errors import ApiUnavailable
 from ipvsproxy.sync.tracker import SERVICE, SLICE, Tracker
 from tests.kubeapi import ApiServer
-from tests.support import eventually, never_resolving
+from tests.support import connecting, eventually, never_resolving
 
 ROOT = Path(__file__).parent.parent
 STATE = ROOT / "examples" / "kernel-state.txt"
@@ -507,6 +507,7 @@ def test_diff_against_a_name_that_never_resolves_exits_2_with_one_line_at_the_de
         line = diff_fails(kc, "https://api.nowhere.test:6443")
         assert time.monotonic() - started < SHORT.list_deadline + 1.5
     assert lookups  # the resolver was asked, and blocked
+    eventually(lambda: not connecting(), 5)  # the lookup, unblocked, ended its worker
     assert line.endswith(": no connection to api.nowhere.test:6443 before the 1.5s deadline "
                          "(name resolution or connect still under way)"), line  # fmt: skip
 

@@ -29,7 +29,7 @@ from ipvsproxy import kubeclient
 from ipvsproxy.errors import ConfigError
 from ipvsproxy.kubeclient import Deadline, client
 from tests.kubeapi import ApiServer
-from tests.support import eventually, never_resolving
+from tests.support import connecting, eventually, never_resolving
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +415,7 @@ def test_name_resolution_ends_at_the_deadline(server: ApiServer, tmp_path: Path)
         assert not thread.is_alive(), "still resolving after 5 s"
         assert time.monotonic() - started < 1.5
     assert lookups == ["api.nowhere.test"]
+    eventually(lambda: not connecting(), 5)  # the lookup, unblocked, ended its worker
     ((error, expired),) = outcome
     assert expired
     assert isinstance(error.reason, urllib3.exceptions.ConnectTimeoutError)
@@ -434,17 +435,14 @@ def test_connections_given_up_at_the_deadline_hold_a_bounded_number_of_threads()
         made.append(ours)
         return ours
 
-    def workers() -> int:
-        return sum(t.name == "ipvsproxy-connect" for t in threading.enumerate())
-
     try:
         for _ in range(kubeclient._WORKERS + 2):
             with Deadline(0.05) as deadline, pytest.raises(TimeoutError):
                 deadline.connect(slow)
             assert deadline.expired
-        assert workers() == kubeclient._WORKERS
+        assert len(connecting()) == kubeclient._WORKERS
     finally:
         release.set()
-    eventually(lambda: workers() == 0, 5)
+    eventually(lambda: not connecting(), 5)
     assert len(made) == kubeclient._WORKERS
     assert all(sock.fileno() == -1 for sock in made)  # closed: made too late
