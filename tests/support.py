@@ -5,6 +5,8 @@
 - `Agent`, `driven_agent`, `next_run`: the agent's long-running pieces over FakeKernel (a
   runner on a fake clock in `driven_agent`); `sample`: one value of the agent's metrics.
 - `eventually`, `Clock`, `free_port`: waiting for a thread or process, a fake clock, a port.
+- `never_resolving`: a host name whose lookup blocks, as with a name server that never answers;
+  `connecting`: the worker threads still making a connection (`kubeclient.Deadline.connect`).
 - Fake `Commands` (the tools the firewall and the iptables fallback run): `FakeHost` (ipset
   in memory, empty iptables), `FakeIptables` (iptables tables held as text),
   `ScriptedCommands` (answers by argv prefix) and `RecordingCommands` (records, answers "").
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +84,33 @@ def eventually(
             more = f"\n{detail()}" if detail is not None else ""
             raise AssertionError(f"not within {timeout}s: {what or check}{more}")
         time.sleep(interval)
+
+
+@contextmanager
+def never_resolving(host: str) -> Iterator[list[str]]:
+    """Inside: `socket.getaddrinfo` of `host` blocks (a name server that never answers) until
+    the block ends, then fails as an unknown name; other names resolve. Yields the lookups of
+    `host` made so far."""
+    real, release, lookups = socket.getaddrinfo, threading.Event(), []
+
+    def getaddrinfo(name: Any, *args: Any, **kwargs: Any) -> Any:
+        if name != host:
+            return real(name, *args, **kwargs)
+        lookups.append(name)
+        release.wait()
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]  # same call, looser types
+    try:
+        yield lookups
+    finally:
+        socket.getaddrinfo = real
+        release.set()  # the lookups still blocked end (failing)
+
+
+def connecting() -> list[threading.Thread]:
+    """The threads still making a connection for `kubeclient.Deadline.connect`."""
+    return [t for t in threading.enumerate() if t.name == "ipvsproxy-connect"]
 
 
 class Clock:
