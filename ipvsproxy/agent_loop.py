@@ -20,12 +20,12 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
+from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest, VSKey
 from ipvsproxy.proxier import PassResult, Proxier, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.render import sentence
@@ -82,6 +82,9 @@ class AgentLoop:
         self._full_asked = False
         self._frozen = False
         self.runner: Runner | None = None  # set by the agent; asked for retries
+        # set by the agent with --service-metrics: handed every virtual server's origin
+        # ("ns/name:port") after each completed pass, as a snapshot it may keep
+        self.on_names: Callable[[Mapping[VSKey, str]], None] | None = None
         self.last: PassResult | None = None
 
     def request_full(self) -> None:
@@ -157,6 +160,8 @@ class AgentLoop:
             # last-sync time and no programming latency
             restored=not result.firewall_error and not restore_failures,
         )
+        if self.on_names is not None:  # copied only when a name came, went or changed
+            self.on_names(self.proxier.index.origins())
         fell_back = self.proxier.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         for version in restore_failures:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Container, Iterable, Mapping
+from types import MappingProxyType
 from typing import TypeVar
 
 from ipvsproxy.api import Ref
@@ -44,6 +45,8 @@ class DesiredIndex:
         self._conflicts: set[VSKey] = set()  # keys claimed by more than one Service
         self.dest_count = 0  # destinations of all desired virtual servers
         self._no_local: dict[NoLocal, int] = {}  # Services whose Local policy fell back
+        self.names_version = 0  # bumped when a key's origin ("ns/name:port") comes, goes or changes
+        self._published: tuple[int, Mapping[VSKey, str]] = (0, MappingProxyType({}))
 
     def __len__(self) -> int:
         return len(self.services)
@@ -84,7 +87,7 @@ class DesiredIndex:
         """Make the first claimant's entry the desired one for `key`."""
         before = self._winners.pop(key, None)
         self._access.pop(key, None)  # re-inserted last, in the winners' order
-        self._origins.pop(key, None)
+        origin = self._origins.pop(key, None)
         if before is not None:
             self.dest_count -= len(before.dests)
             if before.bind:
@@ -93,8 +96,10 @@ class DesiredIndex:
         if not claims:
             self.services.pop(key, None)
             self.dests.pop(key, None)
+            self.names_version += origin is not None
             return
         entry = self._contributions[claims[0]].entries[key]
+        self.names_version += origin != entry.origin
         self._winners[key] = entry
         self.services[key] = entry.vs
         self.dests[key] = entry.dests
@@ -142,6 +147,18 @@ class DesiredIndex:
 
     def names(self, keys: Iterable[VSKey]) -> dict[VSKey, str]:
         return {k: e.origin for k in keys if (e := self._winners.get(k)) is not None}
+
+    def origins(self) -> Mapping[VSKey, str]:
+        """Every desired key's origin ("ns/name:port"), as a read-only copy that another
+        thread may keep and read while the index changes (the per-Service metrics). Copied
+        again only after an origin came, went or changed (a Service or a Service port added
+        or removed, a frontend moved), not on endpoint changes; call it from the thread that
+        updates the index."""
+        version, copy = self._published
+        if version != self.names_version:
+            copy = MappingProxyType(dict(self._origins))
+            self._published = (self.names_version, copy)
+        return copy
 
     def warnings(self) -> tuple[str, ...]:
         """The Services' own warnings, then every key claimed by more than one Service."""
