@@ -45,8 +45,11 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.testing import FakeKernel
 
 if TYPE_CHECKING:
+    from ipvsproxy.agent_loop import AgentLoop
+    from ipvsproxy.metrics import Metrics
     from ipvsproxy.serve import Health, HttpServer
     from ipvsproxy.sync.runner import Runner
+    from ipvsproxy.traffic import TrafficReader
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +225,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     from ipvsproxy.netlink.links import NodeAddresses
     from ipvsproxy.serve import Health
     from ipvsproxy.sync.runner import Runner
+    from ipvsproxy.traffic import TrafficReader
 
     stop = stop or threading.Event()
     metrics = Metrics()
@@ -259,6 +263,11 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         metrics.use_backend(backend.name, others=BACKENDS)
         health.detail = backend.detail
         log.info("backend: %s (%s)", backend.name, backend.reason)
+        # The kernel's traffic counters for /metrics (--service-metrics) and the status: one
+        # reader for both, on a kernel connection of its own (never the sync pass's),
+        # opened when first asked: an agent nobody asks reads nothing.
+        traffic_reader = TrafficReader(functools.partial(backends.traffic_kernel, backend, config))
+        stack.callback(traffic_reader.close)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
         agent_loop = AgentLoop(
@@ -281,7 +290,8 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             runner.stop()
 
         threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
-        servers = _serve(config, metrics.render, health, mode=backend.name)
+        slow = _service_metrics(config, metrics, traffic_reader, backend.name, agent_loop)
+        servers = _serve(config, metrics.render, health, mode=backend.name, in_thread=slow)
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
 
@@ -347,17 +357,52 @@ def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
     return lambda: node_addresses(config.dummy_device)
 
 
+def _service_metrics(
+    config: Config,
+    metrics: Metrics,
+    reader: TrafficReader,
+    backend: str,
+    agent_loop: AgentLoop,
+) -> bool:
+    """With --service-metrics on IPVS: the per-Service traffic metrics registered, read
+    through `reader` at scrape time and named from the sync pass's snapshots; whether
+    /metrics now reads the kernel (and must be rendered off the event loop)."""
+    if not config.service_metrics:
+        return False
+    if backend == IPTABLES:
+        log.info("--service-metrics: the iptables fallback keeps no traffic counters: no series")
+        return False
+    collector = metrics.service_traffic(
+        lambda: reader.read().traffic,
+        endpoints=config.endpoint_metrics,
+        max_series=config.service_metrics_max_series,
+    )
+    agent_loop.on_names = collector.use_names
+    return True
+
+
 def _serve(
-    config: Config, metrics: Callable[[], bytes], health: Health, *, mode: str
+    config: Config,
+    metrics: Callable[[], bytes],
+    health: Health,
+    *,
+    mode: str,
+    in_thread: bool = False,
 ) -> list[HttpServer]:
     """The metrics port (/metrics, and /proxyMode as kube-proxy answers it: the backend in
-    use, `ipvs` or `iptables`) and the health port (/healthz, /livez)."""
-    from ipvsproxy.serve import HttpServer
+    use, `ipvs` or `iptables`) and the health port (/healthz, /livez). `in_thread`: /metrics
+    reads the kernel (--service-metrics), so it is rendered in the `http-slow` worker while
+    the event loop goes on answering the probes."""
+    from ipvsproxy.serve import HttpServer, InThread, Route
 
     text = "text/plain; version=0.0.4; charset=utf-8"
     plain = "text/plain; charset=utf-8"
-    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
-        "/metrics": lambda: (200, text, metrics()),
+
+    def render() -> tuple[int, str, bytes]:
+        return 200, text, metrics()
+
+    routes: dict[str, Route | InThread] = {
+        "/metrics": InThread(render) if in_thread else render,
         "/proxyMode": lambda: (200, plain, mode.encode()),
     }
     servers = [HttpServer(config.metrics_bind_address, routes)]

@@ -327,6 +327,16 @@ def _firewall_cleanup(*, dry_run: bool) -> list[str]:
         return []
 
 
+def traffic_kernel(backend: Backend, config: Config) -> Kernel:
+    """What `traffic.TrafficReader` reads the counters from: for IPVS a netlink connection
+    of its own (a dump from another thread on the sync pass's socket would interleave with
+    the pass's messages); the fallback's kernel as it is (its traffic() is {}, read from
+    nowhere)."""
+    if backend.name != IPVS:
+        return backend.kernel
+    return _ipvs(config)
+
+
 def _ipvs(config: Config) -> NetlinkKernel:
     from ipvsproxy.netlink import NetlinkKernel
 

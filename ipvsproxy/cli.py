@@ -27,6 +27,7 @@ from click.core import ParameterSource
 from ipvsproxy import __version__, agent, kpconfig, logs
 from ipvsproxy.backends import FirewallUnavailable
 from ipvsproxy.config import (
+    DEFAULT_SERVICE_METRICS_MAX_SERIES,
     MAX_DURATION,
     MAX_KERNEL_TIMEOUT,
     Config,
@@ -736,6 +737,29 @@ def http_options(func: F) -> F:
             help="kube-proxy's deprecated flag: the port of a --healthz-bind-address given "
             "without one.",
         ),
+        option(
+            "--service-metrics",
+            section=HTTP,
+            is_flag=True,
+            help="Export connections, packets and bytes per Service port and virtual server "
+            "on /metrics, read from the IPVS counters at scrape time (none in the iptables "
+            "fallback).",
+        ),
+        option(
+            "--endpoint-metrics",
+            section=HTTP,
+            is_flag=True,
+            help="With --service-metrics: the same per endpoint.",
+        ),
+        option(
+            "--service-metrics-max-series",
+            section=HTTP,
+            type=click.IntRange(1, 10_000_000),
+            default=DEFAULT_SERVICE_METRICS_MAX_SERIES,
+            show_default=True,
+            help="At most this many series of the traffic metrics per scrape; the rest are "
+            "dropped (in sorted order) and counted.",
+        ),
     ])  # fmt: skip
 
 
@@ -894,7 +918,20 @@ def run_config(opts: dict[str, Any]) -> Config:
         drain_timeout=drain,
         metrics_bind_address=bind("metrics"),
         healthz_bind_address=bind("healthz"),
+        **service_metrics_config(opts),
     )
+
+
+def service_metrics_config(opts: dict[str, Any]) -> dict[str, Any]:
+    """The `Config` fields of the traffic metrics' options (popped from `opts`)."""
+    service, endpoint = opts.pop("service_metrics"), opts.pop("endpoint_metrics")
+    if endpoint and not service:
+        raise ConfigError("--endpoint-metrics needs --service-metrics")
+    return {
+        "service_metrics": service,
+        "endpoint_metrics": endpoint,
+        "service_metrics_max_series": opts.pop("service_metrics_max_series"),
+    }
 
 
 def _is_ip(text: str) -> bool:

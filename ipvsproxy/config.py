@@ -20,6 +20,7 @@ from ipvsproxy.model import IPAddress, IPNetwork
 from ipvsproxy.schedulers import Scheduler
 
 DEFAULT_NODEPORT_RANGE = (30000, 32767)
+DEFAULT_SERVICE_METRICS_MAX_SERIES = 10000  # sample lines of the per-Service traffic metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,10 @@ class Config:
     drain_timeout: float = 30.0  # seconds a removed endpoint may keep its connections
     metrics_bind_address: tuple[str, int] = ("127.0.0.1", 10249)
     healthz_bind_address: tuple[str, int] = ("0.0.0.0", 10256)  # load balancers probe it
+    # per-Service traffic metrics, read from the kernel at scrape time (docs/monitoring.md)
+    service_metrics: bool = False
+    endpoint_metrics: bool = False  # and per endpoint (needs service_metrics)
+    service_metrics_max_series: int = DEFAULT_SERVICE_METRICS_MAX_SERIES
 
     @property
     def retry(self) -> Backoff:
