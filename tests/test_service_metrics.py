@@ -34,7 +34,7 @@ from ipvsproxy.serve import Health, InThread
 from ipvsproxy.testing import FakeKernel
 from ipvsproxy.traffic import TrafficReader
 from tests.factories import ep, port, service, slice_
-from tests.support import Agent, sample
+from tests.support import Agent, eventually, sample
 from tests.test_cli_flags import agent_run
 from tests.test_serve import exchange, probe
 
@@ -174,6 +174,20 @@ def test_the_cap_keeps_the_first_groups_in_sorted_order_and_counts_the_rest(capl
     got = series(agent_small.metrics, "ipvsproxy_service_")
     assert {dict(k[1])["address"] for k in got} == {"10.96.0.10:80"}
     assert sample(agent_small.metrics, dropped) == 14  # this scrape and series()', 7 each
+
+
+def test_what_the_cap_keeps_does_not_depend_on_the_kernels_order():
+    """The same groups kept whatever order the dump lists them in: sorted by labels."""
+    keys = [VSKey(ip_address(f"10.96.0.{i}"), 80, Proto.TCP) for i in (3, 1, 2)]
+    names = {k: f"ns{k.address.packed[-1]}/svc:http" for k in keys}
+    kept = []
+    for order in (keys, keys[::-1]):
+        metrics = Metrics()
+        traffic = {k: Traffic(Counters(connections=1)) for k in order}
+        collector = metrics.service_traffic(lambda t=traffic: t, endpoints=False, max_series=14)
+        collector.use_names(names)
+        kept.append({dict(k[1])["namespace"] for k in series(metrics, "ipvsproxy_service_")})
+    assert kept == [{"ns1", "ns2"}, {"ns1", "ns2"}]
 
 
 def test_nothing_reads_the_kernel_on_the_sync_path():
@@ -372,3 +386,71 @@ def test_bad_flags_exit_2_with_one_line(monkeypatch, args, said):
     assert said in result.stderr
     if "needs" in said:
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---- the agent end to end (FakeKernel backend, manifests) ------------------------------------
+
+
+def test_the_agent_wires_the_reader_the_names_and_the_slow_route(monkeypatch, tmp_path):
+    """`run` with --service-metrics: passes read no counters; a scrape of /metrics reads them
+    once, from the reader's own kernel, named after the Services; /healthz answers meanwhile."""
+    import json
+    from contextlib import contextmanager
+
+    from tests.factories import node
+    from tests.support import free_port
+
+    kernel, own = FakeKernel(), SlowKernel()
+    own.release.set()
+
+    @contextmanager
+    def open_backend(config):
+        yield Backend(kernel, IPVS, "test")
+
+    monkeypatch.setattr(agent, "open_backend", open_backend)
+    monkeypatch.setattr(agent, "prepare", lambda backend, config: None)
+    monkeypatch.setattr(agent, "remove_leftovers", lambda backend, config: [])
+    monkeypatch.setattr(backends, "traffic_kernel", lambda backend, config: own)
+    objects = [node("node-a"), service("web"), slice_("web", endpoints=[ep("10.244.0.1")])]
+    path = tmp_path / "objects.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    metrics_port, health_port = free_port(), free_port()
+    config = Config(
+        node_name="node-a",
+        metrics_bind_address=("127.0.0.1", metrics_port),
+        healthz_bind_address=("127.0.0.1", health_port),
+        service_metrics=True,
+    )
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=agent.run, args=(config,), kwargs={"source": agent.Manifests((path,)), "stop": stop}
+    )
+    runner.start()
+    try:
+        eventually(lambda: kernel.state.services, what="the first pass")
+        own.state = kernel.state  # the reader's connection sees the same table
+        own.counters[CLUSTER] = Traffic(Counters(connections=42))
+        assert own.traffic_reads == kernel.traffic_reads == 0  # passes read no counters
+        own.release.clear()
+        answers: list[bytes] = []
+        scrape = threading.Thread(
+            target=lambda: answers.append(
+                exchange(metrics_port, b"GET /metrics HTTP/1.1\r\n\r\n", timeout=10)
+            )
+        )
+        scrape.start()
+        assert own.reading.wait(5)
+        assert probe(health_port, timeout=1.0) < 0.5  # /metrics waits in the worker
+        own.release.set()
+        scrape.join(10)
+        line = (
+            'ipvsproxy_service_connections_total{address="10.96.0.10:80",namespace="default",'
+            'port="http",protocol="TCP",service="web"} 42.0'
+        )
+        assert line in answers[0].decode()
+        assert (own.traffic_reads, kernel.traffic_reads) == (1, 0)
+    finally:
+        own.release.set()
+        stop.set()
+        runner.join(10)
+    assert not runner.is_alive()
