@@ -754,7 +754,7 @@ def http_options(func: F) -> F:
         option(
             "--service-metrics-max-series",
             section=HTTP,
-            type=click.IntRange(1, 10_000_000),
+            type=click.IntRange(1, 1_000_000),
             default=DEFAULT_SERVICE_METRICS_MAX_SERIES,
             show_default=True,
             help="At most this many series of the traffic metrics per scrape; the rest are "
