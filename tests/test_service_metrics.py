@@ -6,8 +6,10 @@ rendered off the event loop, so /healthz stays fast while the kernel is read."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from ipaddress import ip_address
 
 import pytest
@@ -184,7 +186,8 @@ def test_what_the_cap_keeps_does_not_depend_on_the_kernels_order():
     for order in (keys, keys[::-1]):
         metrics = Metrics()
         traffic = {k: Traffic(Counters(connections=1)) for k in order}
-        collector = metrics.service_traffic(lambda t=traffic: t, endpoints=False, max_series=14)
+        read: Callable[[], Mapping[VSKey, Traffic]] = functools.partial(dict, traffic)
+        collector = metrics.service_traffic(read, endpoints=False, max_series=14)
         collector.use_names(names)
         kept.append({dict(k[1])["namespace"] for k in series(metrics, "ipvsproxy_service_")})
     assert kept == [{"ns1", "ns2"}, {"ns1", "ns2"}]
@@ -262,7 +265,7 @@ def test_registering_reads_nothing():
 
 def test_the_names_handed_over_are_a_snapshot_copied_only_when_names_change():
     agent_, _ = web_agent()
-    handed: list[object] = []
+    handed: list[Mapping[VSKey, str]] = []
     agent_.sync.on_names = handed.append
     agent_.sync()
     first = handed[-1]
@@ -276,9 +279,9 @@ def test_the_names_handed_over_are_a_snapshot_copied_only_when_names_change():
     agent_.sync()
     assert handed[-1] is not first
     assert set(first) == {CLUSTER, EXTERNAL}  # the one a scrape may hold did not change
-    assert set(handed[-1]) == {CLUSTER}  # type: ignore[call-overload]
+    assert set(handed[-1]) == {CLUSTER}
     with pytest.raises(TypeError):
-        first[CLUSTER] = "x"  # type: ignore[index]
+        first[CLUSTER] = "x"  # type: ignore[index]  # read-only: that is the point
 
 
 # ---- the agent's /metrics with the flag: off the event loop ------------------------------
