@@ -40,6 +40,7 @@ from ipvsproxy.errors import ConfigError, FallbackRefused, IpvsproxyError, Kerne
 from ipvsproxy.model import IPNetwork
 from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
+from ipvsproxy.sync.slowstart import MAX_WINDOW, ignored
 
 EXIT_FAILED_OPS = 1
 EXIT_ERROR = 2
@@ -803,6 +804,15 @@ def once_options(func: F) -> F:
     metavar="DURATION",
     help="How long a removed endpoint keeps its connections (0: until they end, as kube-proxy).",
 )
+@option(
+    "--slow-start",
+    section=OWN,
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="Ramp a newly serving endpoint's weight from 1 to full over this (at most 1h; 0: "
+    "off). The annotation ipvsproxy.io/slow-start overrides it per Service.",
+)
 @kube_proxy_flag("--strict-arp", "--ipvs-strict-arp", "strict_arp",
                  help="Set arp_ignore=1 and arp_announce=2.")  # fmt: skip
 @duration("--tcp-timeout", "0s", "IPVS TCP timeout (0: leave the kernel's).",
@@ -892,7 +902,7 @@ def run_config(opts: dict[str, Any]) -> Config:
             f"longer than the sync period ({flag('sync_period', '--sync-period')}: "
             f"{texts['sync_period']!r})"
         )
-    return dataclasses.replace(
+    config = dataclasses.replace(
         make_config(opts),
         strict_arp=opts.pop("strict_arp"),
         tcp_timeout=int(seconds("tcp_timeout", MAX_KERNEL_TIMEOUT)),
@@ -904,7 +914,14 @@ def run_config(opts: dict[str, Any]) -> Config:
         drain_timeout=drain,
         metrics_bind_address=bind("metrics"),
         healthz_bind_address=bind("healthz"),
+        slow_start=seconds("slow_start", MAX_WINDOW),
     )
+    if config.slow_start and not config.scheduler.honours_weights:
+        log.warning(
+            "--slow-start: %s: off for the Services that keep the default scheduler",
+            ignored(config.scheduler),
+        )
+    return config
 
 
 def _is_ip(text: str) -> bool:

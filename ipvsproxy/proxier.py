@@ -11,8 +11,8 @@ A pass is full or partial:
 - **partial** (on a change, between full ones): only the virtual servers of the Services that
   changed (plus those with endpoints draining or ramping up, and those whose last operation
   failed) are planned, against the table as last observed and since changed by what this
-  proxier applied (`KnownTable`). Nothing is read from the kernel but the draining servers' connection
-  counts, so a partial pass costs what changed, not what exists.
+  proxier applied (`KnownTable`). Nothing is read from the kernel but the draining servers'
+  connection counts, so a partial pass costs what changed, not what exists.
 
 The tracker (sync/tracker.py) hands over the changed Services already parsed; each one is
 translated (`translate_service`) into the `DesiredIndex`, which says which virtual servers

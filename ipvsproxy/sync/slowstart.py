@@ -64,7 +64,7 @@ def window_of(
             return 0.0, f"Service {ref}: {exc}; slow start is off"
     if window and not scheduler.honours_weights:
         chosen = text is not None or SCHEDULER_ANNOTATION in annotations
-        return 0.0, f"Service {ref}: {ignored(scheduler)}" if chosen else ""
+        return 0.0, f"Service {ref}: {ignored(scheduler)}; slow start is off" if chosen else ""
     return window, ""
 
 
@@ -73,7 +73,7 @@ def ignored(scheduler: Scheduler) -> str:
     honouring = ", ".join(s.value for s in Scheduler if s.honours_weights)
     return (
         f"slow start has no effect with scheduler {scheduler}, which ignores weights "
-        f"(it needs one of {honouring}); slow start is off"
+        f"(it needs one of {honouring})"
     )
 
 
