@@ -79,10 +79,14 @@ def ignored(scheduler: Scheduler) -> str:
 
 def ramp_weight(full: int, elapsed: float, window: float) -> int:
     """The weight `elapsed` seconds into a ramp to `full` over `window` (full when done)."""
-    if elapsed >= window:
-        return full
-    step = int(STEPS * max(elapsed, 0.0) / window)
-    return max(1, full * step // STEPS)
+    step = _step(elapsed, window)
+    return full if step >= STEPS else max(1, full * step // STEPS)
+
+
+def _step(elapsed: float, window: float) -> int:
+    """The step `elapsed` seconds into a window: 0 .. STEPS (done). A pass woken at a
+    step's time is in that step, whatever the rounding of the clock's arithmetic."""
+    return int(STEPS * max(elapsed, 0.0) / window + 1e-9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +122,7 @@ class SlowStart:
         now, soonest = self._clock(), math.inf
         for ramp in (r for ramps in self._ramps.values() for r in ramps.values()):
             window = ramp.ends - ramp.started
-            step = int(STEPS * max(now - ramp.started, 0.0) / window) + 1
+            step = _step(now - ramp.started, window) + 1
             soonest = min(soonest, ramp.started + window * step / STEPS - now)
         return None if soonest == math.inf else max(soonest, 0.0)
 
@@ -135,7 +139,7 @@ class SlowStart:
         now = self._clock()
         ramps: dict[VSKey, dict[RSKey, Ramp]] = {}
         for key in windows.keys() & desired.dests.keys():  # walks the smaller of the two
-            found = self._step(key, desired.dests[key], observed, windows[key], now)
+            found = self._ramps_of(key, desired.dests[key], observed, windows[key], now)
             if found:
                 ramps[key] = found
         self._ramps = ramps
@@ -149,7 +153,7 @@ class SlowStart:
             }
         return IpvsState(desired.services, dests, desired.bound)
 
-    def _step(
+    def _ramps_of(
         self,
         key: VSKey,
         wanted: Mapping[RSKey, RealServer],
