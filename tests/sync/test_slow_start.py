@@ -25,7 +25,7 @@ from ipvsproxy.sync.slowstart import (
     ramp_weight,
 )
 from tests.factories import ep, parse_service, parse_slice, service, slice_
-from tests.support import AGENT_CONFIG, Clock, driven_agent, next_run
+from tests.support import AGENT_CONFIG, Agent, Clock, driven_agent, next_run
 
 A, B, C = "10.244.0.1", "10.244.0.2", "10.244.0.3"
 KEY = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)
@@ -47,6 +47,13 @@ def weights(agent) -> dict[str, int]:
     return {str(rs.address): d.weight for rs, d in agent.kernel.state.dests[KEY].items()}
 
 
+def ramps(agent: Agent) -> tuple[Ramp, ...]:
+    """What the agent's ramps are doing (the accessor a `status` reads)."""
+    slow_start = agent.sync.proxier.slow_start
+    assert slow_start is not None  # the agent's proxier ramps
+    return slow_start.ramps()
+
+
 def sync(agent, runner, *objects) -> None:
     """Hand the agent the objects (what is missing is gone) and run the pass it asks for."""
     agent.feed(*objects)
@@ -57,7 +64,7 @@ def sync(agent, runner, *objects) -> None:
 def ramp_to_the_end(agent, runner, clock, endpoint: str) -> list[int]:
     """Run the passes the agent asks for while it ramps: the endpoint's weight after each."""
     seen = []
-    while agent.sync.proxier.slow_start.ramps():
+    while ramps(agent):
         clock.now += next_run(runner, clock)
         assert runner.run_if_due() == 0
         seen.append(weights(agent)[endpoint])
@@ -83,7 +90,7 @@ def test_a_new_endpoint_ramps_step_by_step_in_partial_passes_woken_at_each_step(
     agent, runner, clock = driven_agent()
     sync(agent, runner, web(), endpoints(A, B))
     assert weights(agent) == {A: FULL_WEIGHT, B: FULL_WEIGHT}  # the first endpoints: at once
-    assert agent.sync.proxier.slow_start.ramps() == ()
+    assert ramps(agent) == ()
     clock.now += 3
     sync(agent, runner, web(), endpoints(A, B, C))
     started, observations = clock.now, agent.kernel.observations
@@ -101,7 +108,7 @@ def test_the_ramp_is_readable_while_it_runs():
     clock.now += 4.5
     runner.retry_after(0)
     runner.run_if_due()
-    (ramp,) = agent.sync.proxier.slow_start.ramps()
+    (ramp,) = ramps(agent)
     endpoint = RSKey(ip_address(C), 8080)
     assert ramp == Ramp(KEY, endpoint, started, started + WINDOW, target=10, weight=4)
 
@@ -115,7 +122,7 @@ def test_a_restarted_agent_ramps_nothing_the_kernel_already_serves():
     restarted.kernel.state = agent.kernel.state
     sync(restarted, runner, web(), endpoints(A, B, C))
     assert weights(restarted) == {A: 10, B: 10, C: 10}  # C served: full at once
-    assert restarted.sync.proxier.slow_start.ramps() == ()
+    assert ramps(restarted) == ()
     assert next_run(runner, clock) == AGENT_CONFIG.sync_period
     # what the kernel does not serve yet is new to a restarted agent too
     restarted, runner, clock = driven_agent()
@@ -168,7 +175,7 @@ def test_a_node_wide_window_ramps_every_service_and_0s_turns_it_off_for_one():
     off = service("web", annotations={SLOW_START_ANNOTATION: "0s"})
     sync(agent, runner, off, endpoints(A, B, C))
     assert weights(agent) == {A: 1, B: 1, C: 1}  # as without slow start, at once
-    assert agent.sync.proxier.slow_start.ramps() == ()
+    assert ramps(agent) == ()
 
 
 NODE = NodeView("node-a")
@@ -212,7 +219,7 @@ def test_a_scheduler_ignoring_weights_is_warned_about_once_and_nothing_ramps(cap
         clock.now += AGENT_CONFIG.sync_period
         sync(agent, runner, web(scheduler="rr"), endpoints(A, B, C))  # a full pass
     assert weights(agent) == {A: 1, B: 1, C: 1}
-    assert agent.sync.proxier.slow_start.ramps() == ()
+    assert ramps(agent) == ()
     lines = [r.getMessage() for r in caplog.records if "slow start" in r.getMessage()]
     assert lines == [
         "Service default/web: slow start has no effect with scheduler rr, which ignores "
@@ -226,7 +233,7 @@ def test_a_service_that_switches_to_a_scheduler_ignoring_weights_stops_ramping()
     assert weights(agent)[C] == 1
     sync(agent, runner, web(scheduler="lc"), endpoints(A, B, C))
     assert weights(agent) == {A: 1, B: 1, C: 1}
-    assert agent.sync.proxier.slow_start.ramps() == ()
+    assert ramps(agent) == ()
 
 
 def test_a_new_virtual_server_gets_its_endpoints_at_full_weight_at_once():
