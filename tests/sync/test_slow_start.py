@@ -267,7 +267,7 @@ def test_a_ramp_never_exceeds_full_never_reaches_0_and_never_goes_down(full, win
     new=st.sets(st.integers(51, 99), max_size=5),
     times=st.lists(st.floats(0, 30), max_size=6),
 )
-def test_held_weights_stay_between_1_and_full(old, new, times):
+def test_held_weights_stay_between_1_and_full_and_never_go_down(old, new, times):
     clock = Clock()
     ramp = SlowStart(clock=clock)
     vs = VirtualServer(KEY, Scheduler.WRR)
@@ -283,10 +283,13 @@ def test_held_weights_stay_between_1_and_full(old, new, times):
 
     observed = table(old, lambda h: 10)
     desired = table(old | new, lambda h: 10)
+    last: dict[RSKey, int] = {}
     for t in sorted(times):
         clock.now = t
         held = ramp.hold(desired, observed, {KEY: 20.0})
         for rk, rs in held.dests[KEY].items():
             assert 1 <= rs.weight <= 10
             assert rs.weight == 10 or rk.address.packed[-1] > 50  # only new ones ramp
+            assert rs.weight >= last.get(rk, 1)
+            last[rk] = rs.weight
         observed = held  # what the kernel took
