@@ -41,6 +41,7 @@ from ipvsproxy.proxier import PassPlan, PassResult, Proxier
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
+from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.testing import FakeKernel
 
@@ -271,7 +272,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
         agent_loop = AgentLoop(
-            proxier=_proxier(config, backend, drain=True, node_addresses=host_addresses),
+            proxier=_proxier(config, backend, drain=True, ramp=True, node_addresses=host_addresses),
             tracker=tracker,
             metrics=metrics,
             health=health,
@@ -332,11 +333,14 @@ def _proxier(
     backend: backends.Backend | None,
     *,
     drain: bool = False,
+    ramp: bool = False,
     node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
 ) -> Proxier:
     """The one way the commands build their pass: on the backend's kernel, with its firewall
     rules (the firewall), draining removed endpoints (`drain`: the agent, and `diff`, which
-    shows what it would drain), this host's addresses read over rtnetlink unless given.
+    shows what it would drain), ramping new endpoints' weights (`ramp`: the agent alone,
+    whose later passes take the steps; `diff` and `run --once` show and write full
+    weights), this host's addresses read over rtnetlink unless given.
     Without a backend: `diff` of a saved ipvsadm table, whose addresses are not compared."""
     if backend is None:
         return Proxier(kernel=FakeKernel(), config=config, manage_addresses=False)
@@ -345,6 +349,7 @@ def _proxier(
         config=config,
         firewall=backend.firewall,
         drainer=Drainer(timeout=config.drain_timeout) if drain else None,
+        slow_start=SlowStart() if ramp else None,
         node_addresses=node_addresses or _node_addresses(config),
     )
 

@@ -4,7 +4,7 @@ Owns: `AgentLoop`. Each call: wait until every required kind has listed (never p
 partial view), take the changed Services from the tracker, run one pass of the proxier
 (proxier.py: full every `--sync-period` or after the node changed, partial in between),
 record metrics and health, log one summary line, and ask the runner for an early retry
-when an operation failed or endpoints are draining.
+when an operation failed, endpoints are draining, or a slow-start ramp takes its next step.
 
 After each completed pass it also tells the health server whether this node is eligible
 (kube-proxy's SyncNode) and hands the health-check node ports their Services and local
@@ -295,8 +295,8 @@ class AgentLoop:
     def _retry(self, *, failed: bool, draining: bool = False) -> None:
         """Ask the runner for an early pass: when the first failing virtual server is due
         again (proxier backoff: 1, 2, 4, ... s, at most the sync period), after a failed
-        firewall step or a transaction refused whole (the same doubling), or in a second
-        while endpoints drain."""
+        firewall step or a transaction refused whole (the same doubling), in a second
+        while endpoints drain, or at the next step of a slow-start ramp."""
         self._failed_passes = self._failed_passes + 1 if failed else 0
         if self.runner is None:
             return
@@ -307,6 +307,9 @@ class AgentLoop:
             delays.append(due)
         if draining:
             delays.append(DRAIN_POLL)
+        ramp = self.proxier.slow_start
+        if ramp is not None and (step := ramp.next_in()) is not None:
+            delays.append(step)
         if delays:
             self.runner.retry_after(max(min(delays), self._config.min_sync_period))
 

@@ -41,6 +41,7 @@ from ipvsproxy.errors import ConfigError, FallbackRefused, IpvsproxyError, Kerne
 from ipvsproxy.model import IPNetwork
 from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
+from ipvsproxy.sync.slowstart import MAX_WINDOW, ignored
 
 EXIT_FAILED_OPS = 1
 EXIT_ERROR = 2
@@ -817,6 +818,15 @@ def once_options(func: F) -> F:
     metavar="DURATION",
     help="How long a removed endpoint keeps its connections (0: until they end, as kube-proxy).",
 )
+@option(
+    "--slow-start",
+    section=OWN,
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="Ramp a newly serving endpoint's weight from 1 to full over this (at most 1h; 0: "
+    "off). The annotation ipvsproxy.io/slow-start overrides it per Service.",
+)
 @kube_proxy_flag("--strict-arp", "--ipvs-strict-arp", "strict_arp",
                  help="Set arp_ignore=1 and arp_announce=2.")  # fmt: skip
 @duration("--tcp-timeout", "0s", "IPVS TCP timeout (0: leave the kernel's).",
@@ -906,7 +916,7 @@ def run_config(opts: dict[str, Any]) -> Config:
             f"longer than the sync period ({flag('sync_period', '--sync-period')}: "
             f"{texts['sync_period']!r})"
         )
-    return dataclasses.replace(
+    config = dataclasses.replace(
         make_config(opts),
         strict_arp=opts.pop("strict_arp"),
         tcp_timeout=int(seconds("tcp_timeout", MAX_KERNEL_TIMEOUT)),
@@ -919,7 +929,14 @@ def run_config(opts: dict[str, Any]) -> Config:
         metrics_bind_address=bind("metrics"),
         healthz_bind_address=bind("healthz"),
         **service_metrics_config(opts),
+        slow_start=seconds("slow_start", MAX_WINDOW),
     )
+    if config.slow_start and not config.scheduler.honours_weights:
+        log.warning(
+            "--slow-start: %s: off for the Services that keep the default scheduler",
+            ignored(config.scheduler),
+        )
+    return config
 
 
 def service_metrics_config(opts: dict[str, Any]) -> dict[str, Any]:

@@ -9,10 +9,10 @@ A pass is full or partial:
   (IPVS table, addresses, the fallback's chains, the firewall's sets and chains), the whole
   desired state is planned against it, and drift is repaired;
 - **partial** (on a change, between full ones): only the virtual servers of the Services that
-  changed (plus those with endpoints draining, and those whose last operation failed) are
-  planned, against the table as last observed and since changed by what this proxier
-  applied (`KnownTable`). Nothing is read from the kernel but the draining servers' connection
-  counts, so a partial pass costs what changed, not what exists.
+  changed (plus those with endpoints draining or ramping up, and those whose last operation
+  failed) are planned, against the table as last observed and since changed by what this
+  proxier applied (`KnownTable`). Nothing is read from the kernel but the draining servers'
+  connection counts, so a partial pass costs what changed, not what exists.
 
 The tracker (sync/tracker.py) hands over the changed Services already parsed; each one is
 translated (`translate_service`) into the `DesiredIndex`, which says which virtual servers
@@ -73,6 +73,7 @@ from ipvsproxy.sync.failures import Failing, Refusals
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.ipvs_pass import IpvsPlan, IpvsResult, apply_pass, plan_pass
 from ipvsproxy.sync.ownership import Ownership, ownership_for
+from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import Changes
 
 log = logging.getLogger("ipvsproxy.sync")
@@ -186,6 +187,9 @@ class Proxier:
     config: Config
     firewall: Firewall | None = None
     drainer: Drainer | None = None
+    # ramps new endpoints' weights (the agent only: a one-off pass could not finish a ramp);
+    # `slow_start.ramps()` is what the ramps are doing now
+    slow_start: SlowStart | None = None
     manage_addresses: bool = True  # False: observed state from a saved ipvsadm file
     index: DesiredIndex = field(default_factory=DesiredIndex)
     table: KnownTable = field(default_factory=KnownTable)
@@ -310,6 +314,7 @@ class Proxier:
         if full:
             return self._plan_full(self._observe(observed, firewall=self.node is not None))
         keys = self._keys | self.backoff.due() | (self.drainer.keys() if self.drainer else set())
+        keys |= self.slow_start.keys() if self.slow_start else set()
         addresses = {k.address for k in keys} | self._addresses
         names = self.index.names(keys)
         ipvs = plan_pass(
@@ -318,6 +323,8 @@ class Proxier:
             self.table.state_for(keys, addresses),
             ownership=self.ownership,
             drainer=self.drainer,
+            slow_start=self.slow_start,
+            windows=self.index.slow_start,
             manage_addresses=self.manage_addresses,
         )
         plan = PassPlan(False, ipvs, names, keys=frozenset(keys))
@@ -415,6 +422,8 @@ class Proxier:
             observed,
             ownership=self.ownership,
             drainer=self.drainer,
+            slow_start=self.slow_start,
+            windows=self.index.slow_start,
             manage_addresses=self.manage_addresses,
         )
         return PassPlan(True, ipvs, desired.origins, repairs), desired

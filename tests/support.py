@@ -36,6 +36,7 @@ from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.runner import Runner
+from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 
@@ -137,10 +138,13 @@ def free_port() -> int:
 AGENT_CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
 
 
-def agent_proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:
-    """The agent's proxier (agent._proxier): draining removed endpoints."""
-    drainer = Drainer(timeout=AGENT_CONFIG.drain_timeout, clock=clock)
-    return Proxier(kernel=kernel, config=AGENT_CONFIG, drainer=drainer, clock=clock)
+def agent_proxier(
+    kernel: FakeKernel, clock: Any = time.monotonic, config: Config = AGENT_CONFIG
+) -> Proxier:
+    """The agent's proxier (agent._proxier): draining removed endpoints, ramping new ones."""
+    drainer = Drainer(timeout=config.drain_timeout, clock=clock)
+    ramp = SlowStart(clock=clock)
+    return Proxier(kernel=kernel, config=config, drainer=drainer, slow_start=ramp, clock=clock)
 
 
 class Agent:
@@ -166,18 +170,18 @@ class Agent:
             self.tracker.replace(kind, [o for o in objects if o["kind"] == kind])
 
 
-def driven_agent() -> tuple[Agent, Runner, Clock]:
+def driven_agent(config: Config = AGENT_CONFIG) -> tuple[Agent, Runner, Clock]:
     """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
     clock = Clock(1000.0)  # one fake clock for the sync pass and its runner
     agent = Agent()
     agent.sync = AgentLoop(
-        proxier=agent_proxier(agent.kernel, clock),
+        proxier=agent_proxier(agent.kernel, clock, config),
         tracker=agent.tracker,
         metrics=agent.metrics,
         health=agent.health,
         clock=clock,
     )
-    runner = Runner(agent.sync, min_interval=0, max_interval=AGENT_CONFIG.sync_period, clock=clock)
+    runner = Runner(agent.sync, min_interval=0, max_interval=config.sync_period, clock=clock)
     agent.sync.runner = runner
     return agent, runner, clock
 

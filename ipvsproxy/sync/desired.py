@@ -7,10 +7,11 @@ EndpointSlices; ready endpoints, else serving-and-terminating ones; topology hin
 (`categorize_endpoints`, kube-proxy's CategorizeEndpoints); traffic policies, a Local one
 without an endpoint here falling back to the cluster's (counted: `Desired.no_local_endpoints`);
 each IP family on its own (nothing of a family the Service has no ClusterIP of); the node's
-own addresses never bound; session affinity as IPVS persistence; per-Service schedulers.
-Warnings are returned as data.
+own addresses never bound; session affinity as IPVS persistence; per-Service schedulers;
+a slow-start window (sync/slowstart.py) with its destinations' full weight. Warnings are
+returned as data.
 
-Imports: api, model, schedulers, config.
+Imports: api, model, schedulers, config, sync.slowstart (its annotation and weight).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ipvsproxy.model import (
     destinations,
 )
 from ipvsproxy.schedulers import Choice, resolve
+from ipvsproxy.sync.slowstart import FULL_WEIGHT, window_of
 
 
 class TrafficPolicy(enum.StrEnum):
@@ -100,6 +102,7 @@ class Entry:
     bind: bool  # the address goes on the dummy device
     origin: str  # "ns/name:port"
     access: Access
+    slow_start: float = 0.0  # seconds a new endpoint's weight ramps over (0: off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +190,9 @@ def translate_service(
     families = {ip.version for ip in svc.cluster_ips}
     choice = resolve(svc.annotations, config.scheduler)
     warnings = [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
+    window, warning = window_of(svc.annotations, config.slow_start, choice.scheduler, svc.ref)
+    warnings += [warning] if warning else []
+    weight = FULL_WEIGHT if window else 1
     entries: dict[VSKey, Entry] = {}
     local: set[IPAddress] = set()
     no_local: set[NoLocal] = set()
@@ -233,7 +239,8 @@ def translate_service(
                 usable = eps.local or eps.cluster  # kube-proxy PR 97081: pods here still reach it
                 if not eps.local and eps.has_any:
                     no_local.update(_fell_back(svc, external_local, front.address.version))
-            entries[vs.key] = Entry(vs, destinations(usable), front.bind, origin, access)
+            dests = destinations(usable, weight)
+            entries[vs.key] = Entry(vs, dests, front.bind, origin, access, window)
     return Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
 
 

@@ -39,6 +39,8 @@ class DesiredIndex:
         # (a copy keeps the keys' hashes; a comprehension hashes each key in Python)
         self._access: dict[VSKey, Access] = {}
         self._origins: dict[VSKey, str] = {}
+        # the slow-start window of each winner that has one (sync/slowstart.py)
+        self.slow_start: dict[VSKey, float] = {}
         self._binders: dict[IPAddress, int] = {}  # winning entries binding each address
         self._local: dict[IPAddress, int] = {}  # Services with an endpoint here at the address
         self._warned: set[Ref] = set()  # contributions with warnings of their own
@@ -88,6 +90,7 @@ class DesiredIndex:
         before = self._winners.pop(key, None)
         self._access.pop(key, None)  # re-inserted last, in the winners' order
         origin = self._origins.pop(key, None)
+        self.slow_start.pop(key, None)
         if before is not None:
             self.dest_count -= len(before.dests)
             if before.bind:
@@ -105,6 +108,8 @@ class DesiredIndex:
         self.dests[key] = entry.dests
         self._access[key] = entry.access
         self._origins[key] = entry.origin
+        if entry.slow_start:
+            self.slow_start[key] = entry.slow_start
         self.dest_count += len(entry.dests)
         if entry.bind:
             self._count(self._binders, (key.address,), +1)
