@@ -42,6 +42,7 @@ import argparse
 import gc
 import json
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -64,11 +65,13 @@ from ipvsproxy.iptables.parse import Saved  # noqa: E402
 from ipvsproxy.iptables.rules import render  # noqa: E402
 from ipvsproxy.iptables.transaction import transaction  # noqa: E402
 from ipvsproxy.model import IPAddress  # noqa: E402
+from ipvsproxy.netlink import codec  # noqa: E402
 from ipvsproxy.netlink.links import node_addresses  # noqa: E402
 from ipvsproxy.netlink.rtnl import AddressEvents, RtnlSocket  # noqa: E402
 from ipvsproxy.proxier import Proxier  # noqa: E402
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker  # noqa: E402
 from ipvsproxy.testing import FakeKernel  # noqa: E402
+from tests.netlink.dumps import kernel_dest  # noqa: E402
 
 RESYNCS_PER_HOUR = 3600 / CONFIG.sync_period
 Row = tuple[str, str, str, str]
@@ -349,6 +352,21 @@ def generation_rows(services: int, dests: int, repeat: int, what: str) -> list[R
     return resync_row(f"nf_tables generation: {rules} rules ({what})", with_, without)
 
 
+def decode_rows(services: int, dests: int, repeat: int) -> list[Row]:
+    """An idle resync's decoding of the destination dumps (the services' are 1/dests of it):
+    every destination as the kernel lays it out, in datagrams as a dump returns them."""
+    base = table(services, dests)
+    messages = [kernel_dest(rs) for by_key in base.dests.values() for rs in by_key.values()]
+    chunks = [b"".join(messages[i : i + 40]) for i in range(0, len(messages), 40)]
+
+    def decoding(decode: Callable[[memoryview, int], object]) -> Callable[[], object]:
+        return lambda: [decode(payload, socket.AF_INET) for payload in codec.dumped(chunks)]
+
+    with_ = median(decoding(codec.decode_dest), repeat)
+    without = median(decoding(codec.decode_dest_attributes), repeat)
+    return resync_row(f"compiled run, decoding {len(messages)} dumped destinations", with_, without)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--services", type=int, default=10_000)
@@ -360,7 +378,8 @@ def main() -> None:
     if args.hold:
         hold(args.hold, args.services, args.dests)
         return
-    rows = address_rows(args.services, args.repeat)
+    rows = decode_rows(args.services, args.dests, args.repeat)
+    rows += address_rows(args.services, args.repeat)
     rows += generation_rows(args.services, args.dests, args.repeat, "iptables fallback")
     rows += generation_rows(0, 0, args.repeat, "nearly empty")
     state = State(args.services, args.dests)

@@ -47,13 +47,16 @@ from ipvsproxy.status.endpoint import status_route
 from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
+from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.testing import FakeKernel
 from ipvsproxy.traffic import TrafficReader
 
 if TYPE_CHECKING:
-    from ipvsproxy.kernel import Kernel
-    from ipvsproxy.serve import Health, HttpServer, InThread, Route
+    from ipvsproxy.agent_loop import AgentLoop
+    from ipvsproxy.metrics import Metrics
+    from ipvsproxy.serve import Health, HttpServer, InThread
+    from ipvsproxy.sync.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -314,18 +317,28 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     # manifests) fails with the node untouched. Reaching the API is not required: the
     # watchers retry that, and a node keeps its rules while the API server is down.
     start_sources, close_source = _open_source(source, config, tracker, stop, metrics)
+    halt = _halter(fatal, stop, runners)
     with ExitStack() as stack:
         stack.callback(close_source)
+        stack.callback(stop.set)  # the watchers end with the agent, whatever stops it
+        # The lists go out now, while the node is prepared: reading the API and preparing
+        # the node overlap, and the first pass starts as soon as both are done.
+        threads = start_sources(halt)
         backend = stack.enter_context(open_backend(config))
         prepare(backend, config)
         remove_leftovers(backend, config)
         metrics.use_backend(backend.name, others=BACKENDS)
         health.detail = backend.detail
         log.info("backend: %s (%s)", backend.name, backend.reason)
+        # The kernel's traffic counters for /metrics (--service-metrics) and the status: one
+        # reader for both, on a kernel connection of its own (never the sync pass's),
+        # opened when first asked: an agent nobody asks reads nothing.
+        traffic_reader = TrafficReader(functools.partial(backends.traffic_kernel, backend, config))
+        stack.callback(traffic_reader.close)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
         agent_loop = AgentLoop(
-            proxier=_proxier(config, backend, drain=True, node_addresses=host_addresses),
+            proxier=_proxier(config, backend, drain=True, ramp=True, node_addresses=host_addresses),
             tracker=tracker,
             metrics=metrics,
             health=health,
@@ -338,35 +351,29 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         agent_loop.runner = runner
         runners.append(runner)
 
-        def halt(error: IpvsproxyError | None = None) -> None:
-            if error is not None:
-                fatal.append(error)
-            stop.set()
-            runner.stop()
-
         # a caller's `stop` (an embedding program, a test) ends the loop like a signal
         def stop_on_request() -> None:
             stop.wait()
             runner.stop()
 
         threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
-        reader = TrafficReader(_traffic_kernel(backend, config))
-        stack.callback(reader.close)
         status = status_route(
             lock=agent_loop.lock,
             proxier=agent_loop.proxier,
             tracker=tracker,
             passes=lambda: agent_loop.passes,
-            sampler=Sampler(reader),
+            sampler=Sampler(traffic_reader),
             backend=backend.name,
             config=config,
         )
-        servers = _serve(config, metrics.render, health, mode=backend.name, status=status)
+        slow = _service_metrics(config, metrics, traffic_reader, backend.name, agent_loop)
+        servers = _serve(
+            config, metrics.render, health, mode=backend.name, in_thread=slow, status=status
+        )
         cleanups: list[Callable[[], object]] = [server.close for server in servers]
         cleanups.append(service_health.close)
 
         try:
-            threads = start_sources(halt)
             with _signals(halt, resync=agent_loop.resync):
                 if not stop.is_set():
                     log.info("running: %s", describe_source(source))
@@ -382,16 +389,35 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     log.info("stopped; %s rules left in place", backend.name)
 
 
+def _halter(
+    fatal: list[IpvsproxyError], stop: threading.Event, runners: Sequence[Runner]
+) -> Callable[..., None]:
+    """What stops the agent: a signal, a watcher's fatal error (kept in `fatal`), before or
+    after the loop has started."""
+
+    def halt(error: IpvsproxyError | None = None) -> None:
+        if error is not None:
+            fatal.append(error)
+        stop.set()
+        for runner in runners:
+            runner.stop()
+
+    return halt
+
+
 def _proxier(
     config: Config,
     backend: backends.Backend | None,
     *,
     drain: bool = False,
+    ramp: bool = False,
     node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
 ) -> Proxier:
     """The one way the commands build their pass: on the backend's kernel, with its firewall
     rules (the firewall), draining removed endpoints (`drain`: the agent, and `diff`, which
-    shows what it would drain), this host's addresses read over rtnetlink unless given.
+    shows what it would drain), ramping new endpoints' weights (`ramp`: the agent alone,
+    whose later passes take the steps; `diff` and `run --once` show and write full
+    weights), this host's addresses read over rtnetlink unless given.
     Without a backend: `diff` of a saved ipvsadm table, whose addresses are not compared."""
     if backend is None:
         return Proxier(kernel=FakeKernel(), config=config, manage_addresses=False)
@@ -400,6 +426,7 @@ def _proxier(
         config=config,
         firewall=backend.firewall,
         drainer=Drainer(timeout=config.drain_timeout) if drain else None,
+        slow_start=SlowStart() if ramp else None,
         node_addresses=node_addresses or _node_addresses(config),
     )
 
@@ -412,15 +439,28 @@ def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
     return lambda: node_addresses(config.dummy_device)
 
 
-def _traffic_kernel(backend: backends.Backend, config: Config) -> Callable[[], Kernel]:
-    """What the agent's TrafficReader opens: IPVS over a netlink connection of its own
-    (never the sync thread's socket); the fallback's kernel, whose traffic() is {} and reads
-    nothing."""
-    if backend.name != backends.IPVS:
-        return lambda: backend.kernel
-    from ipvsproxy.netlink import NetlinkKernel
-
-    return lambda: NetlinkKernel(device=config.dummy_device)
+def _service_metrics(
+    config: Config,
+    metrics: Metrics,
+    reader: TrafficReader,
+    backend: str,
+    agent_loop: AgentLoop,
+) -> bool:
+    """With --service-metrics on IPVS: the per-Service traffic metrics registered, read
+    through `reader` at scrape time and named from the sync pass's snapshots; whether
+    /metrics now reads the kernel (and must be rendered off the event loop)."""
+    if not config.service_metrics:
+        return False
+    if backend == IPTABLES:
+        log.info("--service-metrics: the iptables fallback keeps no traffic counters: no series")
+        return False
+    collector = metrics.service_traffic(
+        lambda: reader.read().traffic,
+        endpoints=config.endpoint_metrics,
+        max_series=config.service_metrics_max_series,
+    )
+    agent_loop.on_names = collector.use_names
+    return True
 
 
 def _serve(
@@ -429,16 +469,24 @@ def _serve(
     health: Health,
     *,
     mode: str,
+    in_thread: bool = False,
     status: InThread | None = None,
 ) -> list[HttpServer]:
     """The metrics port (/metrics, /proxyMode as kube-proxy answers it: the backend in use,
-    `ipvs` or `iptables`, and `status`'s /status) and the health port (/healthz, /livez)."""
-    from ipvsproxy.serve import HttpServer
+    `ipvs` or `iptables`, and `status`'s /status) and the health port (/healthz, /livez).
+    `in_thread`: /metrics
+    reads the kernel (--service-metrics), so it is rendered in the `http-slow` worker while
+    the event loop goes on answering the probes."""
+    from ipvsproxy.serve import HttpServer, InThread, Route
 
     text = "text/plain; version=0.0.4; charset=utf-8"
     plain = "text/plain; charset=utf-8"
+
+    def render() -> tuple[int, str, bytes]:
+        return 200, text, metrics()
+
     routes: dict[str, Route | InThread] = {
-        "/metrics": lambda: (200, text, metrics()),
+        "/metrics": InThread(render) if in_thread else render,
         "/proxyMode": lambda: (200, plain, mode.encode()),
     }
     if status is not None:

@@ -4,7 +4,7 @@ Owns: `AgentLoop`. Each call: wait until every required kind has listed (never p
 partial view), take the changed Services from the tracker, run one pass of the proxier
 (proxier.py: full every `--sync-period` or after the node changed, partial in between),
 record metrics and health, log one summary line, and ask the runner for an early retry
-when an operation failed or endpoints are draining.
+when an operation failed, endpoints are draining, or a slow-start ramp takes its next step.
 
 After each completed pass it also tells the health server whether this node is eligible
 (kube-proxy's SyncNode) and hands the health-check node ports their Services and local
@@ -21,13 +21,13 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest
+from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest, VSKey
 from ipvsproxy.proxier import PassResult, Proxier, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.status.document import Passes
@@ -90,6 +90,9 @@ class AgentLoop:
         self._full_asked = False
         self._frozen = False
         self.runner: Runner | None = None  # set by the agent; asked for retries
+        # set by the agent with --service-metrics: handed every virtual server's origin
+        # ("ns/name:port") after each completed pass, as a snapshot it may keep
+        self.on_names: Callable[[Mapping[VSKey, str]], None] | None = None
         self.last: PassResult | None = None
 
     def request_full(self) -> None:
@@ -169,6 +172,8 @@ class AgentLoop:
             # last-sync time and no programming latency
             restored=not result.firewall_error and not restore_failures,
         )
+        if self.on_names is not None:  # copied only when a name came, went or changed
+            self.on_names(self.proxier.index.origins())
         fell_back = self.proxier.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         for version in restore_failures:
@@ -304,8 +309,8 @@ class AgentLoop:
     def _retry(self, *, failed: bool, draining: bool = False) -> None:
         """Ask the runner for an early pass: when the first failing virtual server is due
         again (proxier backoff: 1, 2, 4, ... s, at most the sync period), after a failed
-        firewall step or a transaction refused whole (the same doubling), or in a second
-        while endpoints drain."""
+        firewall step or a transaction refused whole (the same doubling), in a second
+        while endpoints drain, or at the next step of a slow-start ramp."""
         self._failed_passes = self._failed_passes + 1 if failed else 0
         if self.runner is None:
             return
@@ -316,6 +321,9 @@ class AgentLoop:
             delays.append(due)
         if draining:
             delays.append(DRAIN_POLL)
+        ramp = self.proxier.slow_start
+        if ramp is not None and (step := ramp.next_in()) is not None:
+            delays.append(step)
         if delays:
             self.runner.retry_after(max(min(delays), self._config.min_sync_period))
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.kube_proxy import NodePort, adopted
 from ipvsproxy.firewall.nlread import SetReader
 from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.sets import recorded
@@ -326,6 +327,16 @@ def _firewall_cleanup(*, dry_run: bool) -> list[str]:
         return []
 
 
+def traffic_kernel(backend: Backend, config: Config) -> Kernel:
+    """What `traffic.TrafficReader` reads the counters from: for IPVS a netlink connection
+    of its own (a dump from another thread on the sync pass's socket would interleave with
+    the pass's messages); the fallback's kernel as it is (its traffic() is {}, read from
+    nowhere)."""
+    if backend.name != IPVS:
+        return backend.kernel
+    return _ipvs(config)
+
+
 def _ipvs(config: Config) -> NetlinkKernel:
     from ipvsproxy.netlink import NetlinkKernel
 
@@ -366,23 +377,29 @@ def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
     )
 
 
-def _recorded() -> frozenset[VSKey]:
-    """The virtual servers ipvsproxy's record set lists (none when it cannot be read)."""
+def _recorded() -> frozenset[VSKey] | None:
+    """The virtual servers ipvsproxy's record set lists (None when it cannot be read)."""
     firewall = Firewall()
     try:
         firewall.check()
         return recorded(firewall.observe_sets())
     except KernelError as exc:
         log.debug("no record of ipvsproxy's virtual servers: %s", exc)
-        return frozenset()
+        return None
 
 
 def ipvs_cleanup(
-    config: Config, *, dry_run: bool, recorded: frozenset[VSKey] = frozenset()
+    config: Config,
+    *,
+    dry_run: bool,
+    recorded: frozenset[VSKey] | None = None,
+    listed: frozenset[NodePort] | None = None,
 ) -> list[str]:
     """The virtual servers the ownership rule gives the proxy of this node (as for any
-    sync), with `config.dummy_device` and its VIPs. NodePort virtual servers are recognised
-    on this host's addresses; `recorded`: those ipvsproxy's record lists (rule 5)."""
+    sync), with `config.dummy_device` and its VIPs. Node-address virtual servers are those a
+    record lists: `recorded`, ipvsproxy's record (rule 5), or `listed`, the NodePorts
+    kube-proxy's sets list (rule 6); with neither readable (both None), those in the NodePort
+    range of this host's addresses (rule 3c)."""
     from ipvsproxy.netlink import NetlinkKernel
     from ipvsproxy.sync.render import describe
 
@@ -394,7 +411,13 @@ def ipvs_cleanup(
         return removed
     with kernel:
         observed = kernel.observe()
-        own = replace(ownership_for(config, _host_addresses()), recorded=recorded)
+        own = ownership_for(config, _host_addresses())
+        kube_proxys = adopted(listed or frozenset(), observed.services, own.nodeport_addresses)
+        own = replace(
+            own,
+            recorded=(recorded or frozenset()) | kube_proxys,
+            range_claims=recorded is None and listed is None,
+        )
         ops = plan(EMPTY, observed, ownership=own)
         removed += [
             "IPVS: " + describe(op, {}, observed, config.dummy_device).command for op in ops

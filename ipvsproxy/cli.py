@@ -28,6 +28,7 @@ from click.core import ParameterSource
 from ipvsproxy import __version__, agent, kpconfig, logs
 from ipvsproxy.backends import FirewallUnavailable
 from ipvsproxy.config import (
+    DEFAULT_SERVICE_METRICS_MAX_SERIES,
     MAX_DURATION,
     MAX_KERNEL_TIMEOUT,
     Config,
@@ -41,6 +42,7 @@ from ipvsproxy.errors import ConfigError, FallbackRefused, IpvsproxyError, Kerne
 from ipvsproxy.model import IPNetwork
 from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
+from ipvsproxy.sync.slowstart import MAX_WINDOW, ignored
 
 EXIT_FAILED_OPS = 1
 EXIT_ERROR = 2
@@ -449,29 +451,37 @@ def ignored_flag_options(func: F) -> F:
     return apply(func, options)
 
 
+def log_level_option() -> Callable[[F], F]:
+    return option(
+        "--log-level",
+        section=LOGGING,
+        type=click.Choice(logs.LEVELS),
+        default="info",
+        show_default=True,
+        help="Log lines of this level and above.",
+    )
+
+
+def log_format_option(more: str = "") -> Callable[[F], F]:
+    return option(
+        "--log-format",
+        "--logging-format",
+        "log_format",
+        section=LOGGING,
+        type=click.Choice(logs.FORMATS),
+        default="text",
+        show_default=True,
+        help="json: one JSON object per line (time, level, logger, msg and the record's fields, "
+        "docs/logging.md). --logging-format is kube-proxy's name." + more,
+    )
+
+
 def logging_options(func: F) -> F:
     """The logging options, accepted after the subcommand too (there they win over the ones
     before it)."""
     return apply(func, [
-        option(
-            "--log-level",
-            section=LOGGING,
-            type=click.Choice(["debug", "info", "warning", "error"]),
-            default="info",
-            show_default=True,
-            help="Log lines of this level and above.",
-        ),
-        option(
-            "--log-format",
-            "--logging-format",
-            "log_format",
-            section=LOGGING,
-            type=click.Choice(["text", "json"]),
-            default="text",
-            show_default=True,
-            help="json: one JSON object per line (time, level, logger, msg). "
-            "--logging-format is kube-proxy's name.",
-        ),
+        log_level_option(),
+        log_format_option(),
         option(
             "--v",
             "-v",
@@ -566,26 +576,8 @@ def errors_to_exit(func: F) -> F:
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ipvsproxy", cls=SectionOption, section=OWN)
-@option(
-    "--log-level",
-    section=LOGGING,
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    help="Log lines of this level and above.",
-)
-@option(
-    "--log-format",
-    "--logging-format",
-    "log_format",
-    section=LOGGING,
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: one JSON object per line (time, level, logger, msg and the record's fields, "
-    "docs/logging.md). --logging-format is "
-    "kube-proxy's name. Given after the command too, these win there.",
-)
+@log_level_option()
+@log_format_option(" Given after the command too, these win there.")
 def main(log_level: str, log_format: str) -> None:
     """ipvsproxy: Kubernetes Service VIPs with the kernel's IPVS load balancer."""
     logs.configure(log_level, log_format)
@@ -755,6 +747,29 @@ def http_options(func: F) -> F:
             help="kube-proxy's deprecated flag: the port of a --healthz-bind-address given "
             "without one.",
         ),
+        option(
+            "--service-metrics",
+            section=HTTP,
+            is_flag=True,
+            help="Export connections, packets and bytes per Service port and virtual server "
+            "on /metrics, read from the IPVS counters at scrape time (none in the iptables "
+            "fallback).",
+        ),
+        option(
+            "--endpoint-metrics",
+            section=HTTP,
+            is_flag=True,
+            help="With --service-metrics: the same per endpoint.",
+        ),
+        option(
+            "--service-metrics-max-series",
+            section=HTTP,
+            type=click.IntRange(1, 1_000_000),
+            default=DEFAULT_SERVICE_METRICS_MAX_SERIES,
+            show_default=True,
+            help="At most this many series of the traffic metrics per scrape; the rest are "
+            "dropped (in sorted order) and counted.",
+        ),
     ])  # fmt: skip
 
 
@@ -811,6 +826,15 @@ def once_options(func: F) -> F:
     show_default=True,
     metavar="DURATION",
     help="How long a removed endpoint keeps its connections (0: until they end, as kube-proxy).",
+)
+@option(
+    "--slow-start",
+    section=OWN,
+    default="0s",
+    show_default=True,
+    metavar="DURATION",
+    help="Ramp a newly serving endpoint's weight from 1 to full over this (at most 1h; 0: "
+    "off). The annotation ipvsproxy.io/slow-start overrides it per Service.",
 )
 @kube_proxy_flag("--strict-arp", "--ipvs-strict-arp", "strict_arp",
                  help="Set arp_ignore=1 and arp_announce=2.")  # fmt: skip
@@ -901,7 +925,7 @@ def run_config(opts: dict[str, Any]) -> Config:
             f"longer than the sync period ({flag('sync_period', '--sync-period')}: "
             f"{texts['sync_period']!r})"
         )
-    return dataclasses.replace(
+    config = dataclasses.replace(
         make_config(opts),
         strict_arp=opts.pop("strict_arp"),
         tcp_timeout=int(seconds("tcp_timeout", MAX_KERNEL_TIMEOUT)),
@@ -913,7 +937,27 @@ def run_config(opts: dict[str, Any]) -> Config:
         drain_timeout=drain,
         metrics_bind_address=bind("metrics"),
         healthz_bind_address=bind("healthz"),
+        **service_metrics_config(opts),
+        slow_start=seconds("slow_start", MAX_WINDOW),
     )
+    if config.slow_start and not config.scheduler.honours_weights:
+        log.warning(
+            "--slow-start: %s: off for the Services that keep the default scheduler",
+            ignored(config.scheduler),
+        )
+    return config
+
+
+def service_metrics_config(opts: dict[str, Any]) -> dict[str, Any]:
+    """The `Config` fields of the traffic metrics' options (popped from `opts`)."""
+    service, endpoint = opts.pop("service_metrics"), opts.pop("endpoint_metrics")
+    if endpoint and not service:
+        raise ConfigError("--endpoint-metrics needs --service-metrics")
+    return {
+        "service_metrics": service,
+        "endpoint_metrics": endpoint,
+        "service_metrics_max_series": opts.pop("service_metrics_max_series"),
+    }
 
 
 def _is_ip(text: str) -> bool:

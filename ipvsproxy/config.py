@@ -20,6 +20,7 @@ from ipvsproxy.model import IPAddress, IPNetwork
 from ipvsproxy.schedulers import Scheduler
 
 DEFAULT_NODEPORT_RANGE = (30000, 32767)
+DEFAULT_SERVICE_METRICS_MAX_SERIES = 10000  # sample lines of the per-Service traffic metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,15 @@ class Config:
     min_sync_period: float = 1.0  # seconds: at most one sync per this
     sync_period: float = 30.0  # seconds: at least one full resync per this
     drain_timeout: float = 30.0  # seconds a removed endpoint may keep its connections
+    # seconds a newly serving endpoint's weight ramps over (0: off), unless a Service's
+    # annotation says otherwise (sync/slowstart.py)
+    slow_start: float = 0.0
     metrics_bind_address: tuple[str, int] = ("127.0.0.1", 10249)
     healthz_bind_address: tuple[str, int] = ("0.0.0.0", 10256)  # load balancers probe it
+    # per-Service traffic metrics, read from the kernel at scrape time (docs/monitoring.md)
+    service_metrics: bool = False
+    endpoint_metrics: bool = False  # and per endpoint (needs service_metrics)
+    service_metrics_max_series: int = DEFAULT_SERVICE_METRICS_MAX_SERIES
 
     @property
     def retry(self) -> Backoff:

@@ -27,6 +27,7 @@ from ipvsproxy import backends
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import destroy_commands, render_script
+from ipvsproxy.firewall.kube_proxy import NodePort, node_ports
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal
@@ -58,11 +59,17 @@ def cleanup_kube_proxy(
     """Remove (or list, with dry_run) kube-proxy's chains and sets, and with `ipvs` its
     virtual servers and dummy device; what was (would be) removed, in words."""
     commands = commands or Commands()
+    listed: frozenset[NodePort] | None = None
+    if ipvs:  # kube-proxy's record of its NodePorts, read before its sets go
+        try:
+            listed = node_ports(commands)
+        except KernelError as exc:
+            log.warning("cannot read kube-proxy's NodePort ipsets: %s", exc)
     removed = _chains(commands, dry_run=dry_run)
     removed += _sets(commands, dry_run=dry_run)  # after the rules that match them
     if ipvs:
         kube = dataclasses.replace(config, dummy_device=DUMMY)
-        removed += backends.ipvs_cleanup(kube, dry_run=dry_run)
+        removed += backends.ipvs_cleanup(kube, dry_run=dry_run, listed=listed)
     return removed
 
 

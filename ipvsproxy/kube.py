@@ -22,13 +22,16 @@ the agent's memory or a hung `diff` (docs/reliability.md, "Hostile and unlucky n
 - a list page is read up to `max_page_bytes` (64 MiB: a page holds 500 objects, ~1 KB each for
   a Service of kube-apiserver v1.36, so ~0.5 MB; 500 EndpointSlices of 100 endpoints ~15 MB),
   and one whole list (every page) up to `max_list_bytes` (512 MiB: 50,000 Services are ~55 MB,
-  their EndpointSlices for 150,000 Pods, Kubernetes' tested maximum, ~100 MB);
+  their EndpointSlices for 150,000 Pods, Kubernetes' tested maximum, ~100 MB); a page over
+  its cap is asked for again with half the `limit`, down to one object (`Unlistable` beyond:
+  an error, retried with backoff);
 - one watch event line is read up to `max_event_bytes` (16 MiB: etcd refuses an object over
   1.5 MiB, and its JSON is at most a few times that);
 - a list waits `read_timeout` (60 s: kube-apiserver ends a non-watch request after its
   --request-timeout, 1 minute by default) between bytes and `list_deadline` (300 s) for all its
-  pages: a server trickling a byte at a time is cut there (`kubeclient.Deadline`); a watch
-  stream is cut `inactivity_timeout` after the `timeoutSeconds` the server was asked to end it;
+  pages: a server trickling a byte at a time is cut there (`kubeclient.Deadline`), and so is
+  a lookup of its name that never ends; a watch stream is cut `inactivity_timeout` after the
+  `timeoutSeconds` the server was asked to end it;
 - a reply that is not a list of the kind asked for (`[1,2,3]`, `{"metadata": "x"}`, no
   `metadata.resourceVersion`) is refused: never read as an empty list, which would delete
   every Service.
@@ -69,6 +72,9 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 log = logging.getLogger(__name__)
 
 PAGE = 500  # items per list page, as client-go's reflector
+# the smallest page asked for when pages are over `max_page_bytes`: an object etcd stores is
+# at most 1.5 MiB, so only a hostile or broken server has a page of one object over the cap
+MIN_PAGE = 1
 CHUNK = 64 * 1024  # bytes asked of the socket per read
 MiB = 1024 * 1024
 
@@ -108,6 +114,16 @@ class Gone(Exception):
 
 class Transient(Exception):
     """Worth retrying: connection loss, timeouts, 5xx, 429, an unreadable event."""
+
+
+class TooLarge(Transient):
+    """A response over its size cap (`_read_body`)."""
+
+
+class Unlistable(Transient):
+    """A page of `MIN_PAGE` objects is still over `max_page_bytes`: the list cannot complete
+    (retried with backoff all the same, logged as an error each time: the object may shrink
+    or go)."""
 
 
 # The generated CoreV1Api and DiscoveryV1Api classes are not used: importing CoreV1Api alone
@@ -200,7 +216,8 @@ class Watcher:
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0
-        log.warning("watch %s: %s; retrying in %.1fs", self.kind, error, wait)
+        level = logging.ERROR if isinstance(error, Unlistable) else logging.WARNING
+        log.log(level, "watch %s: %s; retrying in %.1fs", self.kind, error, wait)
         self._on_restart(self.kind, "error")
 
     def step(self) -> None:
@@ -224,51 +241,90 @@ class Watcher:
 
         Bounded: `list_deadline` for every page together, `max_page_bytes` per page and
         `max_list_bytes` for all of them; past a bound, or on a reply that is not a list
-        of the kind, a `Transient` error saying which.
+        of the kind, a `Transient` error saying which. A page over `max_page_bytes` is asked
+        for again with half the `limit` (see `_pages`); one of `MIN_PAGE` objects over it is
+        `Unlistable`.
         """
         s = self._settings
         with Deadline(s.list_deadline) as deadline:
             try:
-                items, version = self._pages(s)
+                items, version, limit = self._pages(s)
             except Transient as exc:
                 if deadline.expired:
                     what = f"no complete answer within {s.list_deadline:g}s"
-                    raise Transient(what) from exc
+                    raise Transient(_at_deadline(what, exc)) from exc
                 raise
         self._sink.replace(self.kind, items)
         self.listed = True
-        log.info("listed %d %ss at resourceVersion %s", len(items), self.kind, version)
+        smaller = (
+            ""
+            if limit == PAGE
+            else f" in pages of {limit} (over {_size(s.max_page_bytes)} at {PAGE})"
+        )
+        log.info("listed %d %ss at resourceVersion %s%s", len(items), self.kind, version, smaller)
         return version
 
-    def _pages(self, s: Settings) -> tuple[list[Read], str]:
+    def _pages(self, s: Settings) -> tuple[list[Read], str, int]:
+        """Every item of one list, its resourceVersion, and the page size it ended with.
+
+        A page over `max_page_bytes` is asked for again, from the same continue token (the
+        token holds the list's resourceVersion and where the next page starts, not its size:
+        a smaller page of the same list), with half the `limit`, down to `MIN_PAGE`; the rest
+        of the list keeps the smaller size (objects that large come together: EndpointSlices
+        of 1,000 endpoints), the next list starts at `PAGE` again. At most 9 (log2(PAGE) + 1)
+        requests per page, each read to the cap at most; then `Unlistable`.
+        """
         items: list[Read] = []
         token: str | None = None
-        total = 0  # bytes of every page so far
+        total, limit = 0, PAGE  # bytes of every page so far; objects asked for per page
         while True:
-            kwargs: dict[str, Any] = {"limit": PAGE}
-            if token:
-                kwargs["_continue"] = token
             try:
-                page = self._request(read_timeout=s.read_timeout, **kwargs)
+                data = self._page(
+                    s, limit, token, cap=min(s.max_page_bytes, s.max_list_bytes - total)
+                )
             except Gone as exc:
                 if not token:  # a list from no resourceVersion cannot be too old
                     raise Transient("410 Gone without a continue token") from exc
                 items, token, total = [], None, 0  # the continue token expired: start over
                 continue
-            cap = min(s.max_page_bytes, s.max_list_bytes - total)
-            try:
-                data = _read_body(page, cap)
-            except BaseException:
-                page.close()  # the rest of the body is not wanted: not back to the pool
-                raise
-            finally:
-                page.release_conn()
+            except TooLarge as exc:
+                if s.max_list_bytes - total < s.max_page_bytes:
+                    raise  # the whole list is over its cap: smaller pages add up the same
+                limit = self._smaller(limit, exc, s)
+                continue
             total += len(data)
             raw, token, version = _list_page(self.kind, data)
             # parsed page by page: a large list never holds every raw object at once
             items += [read(self.kind, item) for item in raw]
             if not token:
-                return items, version
+                return items, version, limit
+
+    def _page(self, s: Settings, limit: int, token: str | None, *, cap: int) -> bytearray:
+        """The body of one list page (`token`: the continue token of the page before)."""
+        kwargs: dict[str, Any] = {"limit": limit}
+        if token:
+            kwargs["_continue"] = token
+        page = self._request(read_timeout=s.read_timeout, **kwargs)
+        try:
+            return _read_body(page, cap)
+        except BaseException:
+            page.close()  # the rest of the body is not wanted: not back to the pool
+            raise
+        finally:
+            page.release_conn()
+
+    def _smaller(self, limit: int, exc: TooLarge, s: Settings) -> int:
+        """The page size to ask for after a page of `limit` objects was over the cap."""
+        cap = _size(s.max_page_bytes)
+        if limit <= MIN_PAGE:
+            raise Unlistable(
+                f"a page of {limit} {self.kind} is over the {cap} page cap, so the list "
+                f"cannot complete ({exc})"
+            ) from exc
+        smaller = max(limit // 2, MIN_PAGE)
+        log.debug("list %ss: a page of %d over %s (%s); asking for %d",
+                  self.kind, limit, cap, exc, smaller)  # fmt: skip
+        return smaller
 
     def _stream(self) -> None:
         """One watch request from self._version, which each event and bookmark advances."""
@@ -283,7 +339,7 @@ class Watcher:
                 self._follow(timeout, s)
             except Transient as exc:
                 if deadline.expired:
-                    raise Transient(cut) from exc
+                    raise Transient(_at_deadline(cut, exc)) from exc
                 raise
             if deadline.expired:  # cut where the stream could end cleanly: still a failure
                 raise Transient(cut)
@@ -370,7 +426,7 @@ def _read_body(response: Any, cap: int, *, cut: bool = False) -> bytearray:
     longer one is a `Transient` error)."""
     length = response.headers.get("Content-Length", "")
     if not cut and length.isdigit() and int(length) > cap:
-        raise Transient(f"response of {_size(int(length))}, over {_size(cap)}")
+        raise TooLarge(f"response of {_size(int(length))}, over {_size(cap)}")
     data = bytearray()
     try:
         while chunk := response.read1(CHUNK):
@@ -378,7 +434,7 @@ def _read_body(response: Any, cap: int, *, cut: bool = False) -> bytearray:
             if len(data) > cap:
                 if cut:
                     return data[:cap]
-                raise Transient(f"response over {_size(cap)}; gave up reading it")
+                raise TooLarge(f"response over {_size(cap)}; gave up reading it")
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise Transient(_why(exc)) from exc
     return data
@@ -445,6 +501,15 @@ def _lines(response: Any, cap: int) -> Iterator[bytes]:
         raise Transient(_why(exc)) from exc
 
 
+def _at_deadline(what: str, exc: Transient) -> str:
+    """Why a request was cut at its deadline: `what`, unless no connection was made by then
+    (its name still resolving, or the connect under way): then `exc` says so."""
+    cause = exc.__cause__
+    if isinstance(cause, urllib3.exceptions.MaxRetryError):
+        cause = cause.reason
+    return str(exc) if isinstance(cause, urllib3.exceptions.ConnectTimeoutError) else what
+
+
 def _size(n: int) -> str:
     if n >= MiB:
         return f"{n / MiB:g} MiB"
@@ -463,6 +528,8 @@ def _why(exc: BaseException) -> str:
             return f"{str(what).rstrip('.').lower()}: {_why(cause)}"
     if isinstance(exc, OSError) and not isinstance(exc, ssl.SSLError) and exc.strerror:
         return exc.strerror
+    if type(exc) is urllib3.exceptions.ConnectTimeoutError and len(exc.args) == 2:
+        return _printable(str(exc.args[1]))  # (connection, message), as urllib3 raises it
     text = _one_line(exc)
     text = re.sub(r"^\w+\(host='[^']*', port=\d+\): ", "", text)
     text = re.sub(r"^<[^>]*>: ", "", text)

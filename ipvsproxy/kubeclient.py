@@ -32,7 +32,9 @@ when none came, `host` the server's host:port, `seconds` the time to the respons
 A request can be given a `Deadline`: a time after which every socket the calling thread
 opened or reused for it is shut down, whatever phase it is in (TLS handshake, headers, body).
 A per-read socket timeout alone cannot cut a server that trickles one byte at a time: each
-read returns in time, and the request never ends.
+read returns in time, and the request never ends. Before there is a socket, the name of the
+server is resolved and the connection made (urllib3's `_new_conn`) on a worker thread that the
+request waits for until the deadline: `getaddrinfo` has no timeout and nothing to shut down.
 
 Must not import: anything of ipvsproxy but `errors`.
 Imports: kubernetes (client, config), urllib3, yaml, errors.
@@ -57,7 +59,7 @@ from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTClientObject
 from kubernetes.config import ConfigException, kube_config, load_incluster_config
-from urllib3.exceptions import LocationParseError
+from urllib3.exceptions import ConnectTimeoutError, LocationParseError
 from urllib3.util import parse_url
 
 from ipvsproxy.errors import ConfigError
@@ -144,12 +146,14 @@ class Deadline:
         self._sockets: list[socket.socket] = []
         self._done = False
         self._previous: Deadline | None = None
+        self._end = time.monotonic() + seconds
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
 
     def __enter__(self) -> Deadline:
         self._previous = getattr(_active, "deadline", None)
         _active.deadline = self
+        self._end = time.monotonic() + self.seconds
         self._timer.start()
         return self
 
@@ -176,11 +180,80 @@ class Deadline:
             if self.expired:
                 _cut(dup)
 
+    def connect(self, new_conn: Callable[[], socket.socket]) -> socket.socket:
+        """`new_conn()` (urllib3's: resolve the server's name, then connect) on a worker
+        thread, waited for until the time is up; then the deadline expires (as the timer
+        would a moment later) and this raises `TimeoutError`.
+
+        Why a thread: `getaddrinfo` blocks in the C library with no timeout of ours and no
+        socket to shut down (glibc asks each name server for `timeout` x `attempts` seconds;
+        an NSS module, LDAP or sssd, may block for far longer), so nothing else can end it
+        at the deadline. A worker still resolving is left to finish by itself: a daemon
+        thread, it never holds up the process's exit; a socket it makes too late is closed.
+        At most `_WORKERS` run at once, so a resolver that never answers costs that many
+        threads, not one per attempt: past that, a connection waits for a free one within
+        its own deadline.
+        """
+        left = self._end - time.monotonic()
+        if self.expired or left <= 0 or not _workers.acquire(timeout=left):
+            self._expire()
+            raise TimeoutError("no worker free to connect")
+        attempt = _Attempt(new_conn)
+        threading.Thread(target=attempt.run, name="ipvsproxy-connect", daemon=True).start()
+        sock = attempt.wait(self._end - time.monotonic())
+        if sock is None:
+            self._expire()
+            raise TimeoutError("name resolution or connect still under way")
+        return sock
+
     def _expire(self) -> None:
         with self._lock:
             self.expired = True
             for sock in self._sockets:
                 _cut(sock)
+
+
+_WORKERS = 8  # connections being made on worker threads at once (`Deadline.connect`)
+_workers = threading.BoundedSemaphore(_WORKERS)
+
+
+class _Attempt:
+    """One `new_conn()` on a worker thread, which a waiter may give up on."""
+
+    def __init__(self, new_conn: Callable[[], socket.socket]) -> None:
+        self._new_conn = new_conn
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._abandoned = False
+        self._sock: socket.socket | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            sock = self._new_conn()
+        except BaseException as exc:  # handed to the waiter, raised there
+            with self._lock:
+                self._error = exc
+        else:
+            with self._lock:
+                if self._abandoned:
+                    sock.close()  # too late: nobody will use it
+                else:
+                    self._sock = sock
+        finally:
+            _workers.release()
+            self._finished.set()
+
+    def wait(self, seconds: float) -> socket.socket | None:
+        """The socket, or None if not made within `seconds` (then given up on); `new_conn`'s
+        own error is raised here."""
+        self._finished.wait(max(seconds, 0))
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._sock is None:
+                self._abandoned = True
+            return self._sock
 
 
 def _cut(sock: socket.socket) -> None:
@@ -193,10 +266,23 @@ class _Watched:
     socket before its TLS handshake, a pooled one when it is reused for a request."""
 
     sock: socket.socket | None
+    host: str
+    port: int | None
 
     def _new_conn(self) -> socket.socket:
-        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
-        _watched(sock)
+        new_conn: Callable[[], socket.socket] = super()._new_conn  # type: ignore[misc]
+        deadline: Deadline | None = getattr(_active, "deadline", None)
+        if deadline is None:
+            return new_conn()
+        try:
+            sock = deadline.connect(new_conn)
+        except TimeoutError as exc:  # as urllib3 says a connect timed out
+            raise ConnectTimeoutError(
+                self,
+                f"no connection to {self.host}:{self.port} before the {deadline.seconds:g}s "
+                f"deadline ({exc})",
+            ) from exc
+        deadline.watch(sock)
         return sock
 
     def request(self, *args: Any, **kwargs: Any) -> None:

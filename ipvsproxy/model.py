@@ -161,12 +161,15 @@ class Addressed(Protocol):
     def address(self) -> IPAddress: ...
 
 
-def destinations(pairs: Iterable[tuple[Addressed, int]]) -> dict[RSKey, RealServer]:
-    """{key: RealServer(key)} for each (endpoint, port number), keys RSKey(address, port)."""
+def destinations(
+    pairs: Iterable[tuple[Addressed, int]], weight: int = 1
+) -> dict[RSKey, RealServer]:
+    """{key: RealServer(key, weight)} for each (endpoint, port number), keys
+    RSKey(address, port)."""
     out: dict[RSKey, RealServer] = {}
     for holder, port in pairs:
         key = RSKey(holder.address, port)
-        out[key] = RealServer(key)
+        out[key] = RealServer(key, weight)
     return out
 
 

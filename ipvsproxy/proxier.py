@@ -9,10 +9,10 @@ A pass is full or partial:
   (IPVS table, addresses, the fallback's chains, the firewall's sets and chains), the whole
   desired state is planned against it, and drift is repaired;
 - **partial** (on a change, between full ones): only the virtual servers of the Services that
-  changed (plus those with endpoints draining, and those whose last operation failed) are
-  planned, against the table as last observed and since changed by what this proxier
-  applied (`KnownTable`). Nothing is read from the kernel but the draining servers' connection
-  counts, so a partial pass costs what changed, not what exists.
+  changed (plus those with endpoints draining or ramping up, and those whose last operation
+  failed) are planned, against the table as last observed and since changed by what this
+  proxier applied (`KnownTable`). Nothing is read from the kernel but the draining servers'
+  connection counts, so a partial pass costs what changed, not what exists.
 
 The tracker (sync/tracker.py) hands over the changed Services already parsed; each one is
 translated (`translate_service`) into the `DesiredIndex`, which says which virtual servers
@@ -36,6 +36,7 @@ from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
+from ipvsproxy.firewall.kube_proxy import read_adopted
 from ipvsproxy.firewall.sets import is_record, record_of
 from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.iptables import IptablesKernel
@@ -72,6 +73,7 @@ from ipvsproxy.sync.failures import Failing, Refusals
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.ipvs_pass import IpvsPlan, IpvsResult, apply_pass, plan_pass
 from ipvsproxy.sync.ownership import Ownership, ownership_for
+from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import Changes
 
 log = logging.getLogger("ipvsproxy.sync")
@@ -185,6 +187,9 @@ class Proxier:
     config: Config
     firewall: Firewall | None = None
     drainer: Drainer | None = None
+    # ramps new endpoints' weights (the agent only: a one-off pass could not finish a ramp);
+    # `slow_start.ramps()` is what the ramps are doing now
+    slow_start: SlowStart | None = None
     manage_addresses: bool = True  # False: observed state from a saved ipvsadm file
     index: DesiredIndex = field(default_factory=DesiredIndex)
     table: KnownTable = field(default_factory=KnownTable)
@@ -200,6 +205,7 @@ class Proxier:
     _known: set[VSKey] = field(default_factory=set)  # wanted by this process, maybe still there
     # made by ipvsproxy, as the kernel's record said at the last full observation
     _recorded: frozenset[VSKey] = frozenset()
+    _adopted: frozenset[VSKey] | None = None  # kube-proxy's NodePorts (None: not read yet)
     _sets: SetIndex | None = None  # the firewall's sets, kept per virtual server
     # (bound addresses, this node's endpoints) when the set index was last rebuilt whole
     _sets_basis: tuple[frozenset[IPAddress], frozenset[IPAddress]] | None = None
@@ -282,9 +288,20 @@ class Proxier:
         if self._ownership is None:
             addresses = self.node.addresses if self.node is not None else ()
             self._ownership = replace(
-                ownership_for(self.config, addresses), known=self._known, recorded=self._recorded
+                ownership_for(self.config, addresses),
+                known=self._known,
+                recorded=self._recorded,
+                range_claims=not self._keeps_record,
             )
         return self._ownership
+
+    @property
+    def _keeps_record(self) -> bool:
+        """Whether the kernel holds a record of what ipvsproxy made (ownership rule 5): the
+        fallback's chains, or IPVS's CREATED sets (with the firewall; not a saved table)."""
+        return isinstance(self.kernel, IptablesKernel) or (
+            self.firewall is not None and self.manage_addresses
+        )
 
     def families(self) -> set[int]:
         """The IP versions of the virtual servers this node serves (4 when none)."""
@@ -297,6 +314,7 @@ class Proxier:
         if full:
             return self._plan_full(self._observe(observed, firewall=self.node is not None))
         keys = self._keys | self.backoff.due() | (self.drainer.keys() if self.drainer else set())
+        keys |= self.slow_start.keys() if self.slow_start else set()
         addresses = {k.address for k in keys} | self._addresses
         names = self.index.names(keys)
         ipvs = plan_pass(
@@ -305,6 +323,8 @@ class Proxier:
             self.table.state_for(keys, addresses),
             ownership=self.ownership,
             drainer=self.drainer,
+            slow_start=self.slow_start,
+            windows=self.index.slow_start,
             manage_addresses=self.manage_addresses,
         )
         plan = PassPlan(False, ipvs, names, keys=frozenset(keys))
@@ -368,11 +388,31 @@ class Proxier:
         if isinstance(self.kernel, IptablesKernel):
             recorded = frozenset(observation.ipvs.services)
         elif observation.firewall is not None:
-            recorded = recorded_by(observation.firewall.sets)
+            recorded = recorded_by(observation.firewall.sets) | self._adopt(observation)
         else:
             recorded = frozenset()
         if recorded != self._recorded:
             self._recorded, self._ownership = recorded, None
+
+    def _adopt(self, observation: _Observation) -> frozenset[VSKey]:
+        """kube-proxy's NodePorts (ownership rule 6), read at the first full observation of
+        this process only: on a node that has just moved from kube-proxy that pass deletes
+        the stale ones and records the wanted ones as ipvsproxy's; kept for the process's
+        life, so a deletion the kernel refuses is tried again."""
+        if self._adopted is None:
+            assert self.firewall is not None
+            addresses = self.ownership.nodeport_addresses
+            keys = observation.ipvs.services
+            self._adopted, warning = read_adopted(self.firewall.commands, keys, addresses)
+            if warning:
+                log.warning("%s", warning)
+            elif self._adopted:
+                log.info(
+                    "kube-proxy's NodePort ipsets list %d virtual servers on node addresses: "
+                    "taken over as kube-proxy's NodePorts",
+                    len(self._adopted),
+                )
+        return self._adopted
 
     def _plan_ipvs(self, observed: IpvsState, repairs: tuple[str, ...]) -> tuple[PassPlan, Desired]:
         desired = self.index.desired()
@@ -382,6 +422,8 @@ class Proxier:
             observed,
             ownership=self.ownership,
             drainer=self.drainer,
+            slow_start=self.slow_start,
+            windows=self.index.slow_start,
             manage_addresses=self.manage_addresses,
         )
         return PassPlan(True, ipvs, desired.origins, repairs), desired

@@ -2,8 +2,9 @@
 
 Owns: the `Scheduler` names (as the kernel spells them), the scheduler flags
 (`SCHED1`..`SCHED3` service flags, named per scheduler as `ipvsadm -b` names them), which
-flags each scheduler accepts, the kernel module each needs, how faithfully the iptables
-fallback can imitate each, and `resolve()`: a Service's annotations -> a valid choice.
+flags each scheduler accepts, the kernel module each needs, which schedulers honour weights,
+how faithfully the iptables fallback can imitate each, and `resolve()`: a Service's
+annotations -> a valid choice.
 
 Imports: the standard library only.
 """
@@ -41,6 +42,17 @@ class Scheduler(enum.StrEnum):
     def module(self) -> str:
         """The kernel module that provides this scheduler."""
         return f"ip_vs_{self.value}"
+
+    @property
+    def honours_weights(self) -> bool:
+        """Whether a destination's weight above 0 changes its share of new connections
+        (slow start needs it). rr, lc and dh skip weight-0 destinations and treat the
+        others alike (ip_vs_rr.c, ip_vs_lc.c, ip_vs_dh.c); sh and mh fill their hash
+        tables by weight (ip_vs_sh_reassign, ip_vs_mh_permutate)."""
+        return self not in _WEIGHTLESS
+
+
+_WEIGHTLESS = frozenset({Scheduler.RR, Scheduler.LC, Scheduler.DH})
 
 
 class SchedFlag(enum.IntFlag):

@@ -41,6 +41,7 @@ class FakeKernel:
         self.applied: list[Op] = []
         self.errors: dict[Op, KernelError] = {}
         self.observations = 0
+        self.traffic_reads = 0  # calls of traffic(): tests check who reads the counters
         self.conns: dict[VSKey, dict[RSKey, tuple[int, int]]] = {}  # set by tests
         self.counters: dict[VSKey, Traffic] = {}  # set by tests (conns above set active/inactive)
 
@@ -65,6 +66,7 @@ class FakeKernel:
         return {rs: counts.get(rs, (0, 0)) for rs in self._dests.get(key, {})}
 
     def traffic(self) -> Mapping[VSKey, Traffic]:
+        self.traffic_reads += 1
         out: dict[VSKey, Traffic] = {}
         for key, dests in self._dests.items():
             given = self.counters.get(key, Traffic())

@@ -392,7 +392,9 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            # a client may stop reading (a body over its cap) and close: not the server's error
+            with contextlib.suppress(OSError):
+                self.wfile.write(data)
 
         def _stream(self, events: Iterator[dict[str, Any]]) -> None:
             self.send_response(200)

@@ -5,6 +5,8 @@
 - `Agent`, `driven_agent`, `next_run`: the agent's long-running pieces over FakeKernel (a
   runner on a fake clock in `driven_agent`); `sample`: one value of the agent's metrics.
 - `eventually`, `Clock`, `free_port`: waiting for a thread or process, a fake clock, a port.
+- `never_resolving`: a host name whose lookup blocks, as with a name server that never answers;
+  `connecting`: the worker threads still making a connection (`kubeclient.Deadline.connect`).
 - Fake `Commands` (the tools the firewall and the iptables fallback run): `FakeHost` (ipset
   in memory, empty iptables), `FakeIptables` (iptables tables held as text),
   `ScriptedCommands` (answers by argv prefix) and `RecordingCommands` (records, answers "").
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +36,7 @@ from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.serve import Health
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.runner import Runner
+from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 
@@ -82,6 +87,33 @@ def eventually(
         time.sleep(interval)
 
 
+@contextmanager
+def never_resolving(host: str) -> Iterator[list[str]]:
+    """Inside: `socket.getaddrinfo` of `host` blocks (a name server that never answers) until
+    the block ends, then fails as an unknown name; other names resolve. Yields the lookups of
+    `host` made so far."""
+    real, release, lookups = socket.getaddrinfo, threading.Event(), []
+
+    def getaddrinfo(name: Any, *args: Any, **kwargs: Any) -> Any:
+        if name != host:
+            return real(name, *args, **kwargs)
+        lookups.append(name)
+        release.wait()
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]  # same call, looser types
+    try:
+        yield lookups
+    finally:
+        socket.getaddrinfo = real
+        release.set()  # the lookups still blocked end (failing)
+
+
+def connecting() -> list[threading.Thread]:
+    """The threads still making a connection for `kubeclient.Deadline.connect`."""
+    return [t for t in threading.enumerate() if t.name == "ipvsproxy-connect"]
+
+
 class Clock:
     """A fake clock (a callable, as the runner, drainer and agent loop take it): no
     sleeping, exact times; tests move `now`."""
@@ -106,10 +138,13 @@ def free_port() -> int:
 AGENT_CONFIG = Config(node_name="node-a", min_sync_period=0.0, sync_period=30.0)
 
 
-def agent_proxier(kernel: FakeKernel, clock: Any = time.monotonic) -> Proxier:
-    """The agent's proxier (agent._proxier): draining removed endpoints."""
-    drainer = Drainer(timeout=AGENT_CONFIG.drain_timeout, clock=clock)
-    return Proxier(kernel=kernel, config=AGENT_CONFIG, drainer=drainer, clock=clock)
+def agent_proxier(
+    kernel: FakeKernel, clock: Any = time.monotonic, config: Config = AGENT_CONFIG
+) -> Proxier:
+    """The agent's proxier (agent._proxier): draining removed endpoints, ramping new ones."""
+    drainer = Drainer(timeout=config.drain_timeout, clock=clock)
+    ramp = SlowStart(clock=clock)
+    return Proxier(kernel=kernel, config=config, drainer=drainer, slow_start=ramp, clock=clock)
 
 
 class Agent:
@@ -135,18 +170,18 @@ class Agent:
             self.tracker.replace(kind, [o for o in objects if o["kind"] == kind])
 
 
-def driven_agent() -> tuple[Agent, Runner, Clock]:
+def driven_agent(config: Config = AGENT_CONFIG) -> tuple[Agent, Runner, Clock]:
     """An agent whose sync pass is run by a real Runner on a fake clock, as in the agent."""
     clock = Clock(1000.0)  # one fake clock for the sync pass and its runner
     agent = Agent()
     agent.sync = AgentLoop(
-        proxier=agent_proxier(agent.kernel, clock),
+        proxier=agent_proxier(agent.kernel, clock, config),
         tracker=agent.tracker,
         metrics=agent.metrics,
         health=agent.health,
         clock=clock,
     )
-    runner = Runner(agent.sync, min_interval=0, max_interval=AGENT_CONFIG.sync_period, clock=clock)
+    runner = Runner(agent.sync, min_interval=0, max_interval=config.sync_period, clock=clock)
     agent.sync.runner = runner
     return agent, runner, clock
 

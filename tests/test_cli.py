@@ -136,6 +136,8 @@ def test_malformed_object_in_manifests_is_a_warning_not_an_error(tmp_path):
         (["--healthz-bind-address", "1.2.3.4:70000"], "is not ADDRESS:PORT"),
         (["--kubeconfig", "/nonexistent", "--manifests", "x"], "exclude each other"),
         (["--kubeconfig", "/nonexistent", "--once"], "--once needs --manifests"),
+        (["--slow-start", "2h"], "--slow-start: '2h' is longer than 3600s"),
+        (["--slow-start", "warm"], "--slow-start: 'warm' is not a duration"),
     ],
 )
 def test_run_rejects_bad_options_clearly(args, message):
@@ -162,6 +164,26 @@ def test_run_hands_the_parsed_config_and_source_to_the_agent(monkeypatch):
     assert config.healthz_bind_address == ("0.0.0.0", 10256)  # kube-proxy's default
     assert config.node_name == "node-from-env"
     assert seen["s"] == agent.Cluster(Path("kc.yaml"), "prod")
+
+
+def test_slow_start_is_off_by_default_and_warned_about_with_a_scheduler_ignoring_weights(
+    monkeypatch,
+):
+    from ipvsproxy import agent
+
+    seen: list[Config] = []
+    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.append(config))
+    result = run("run", "--kubeconfig", "kc.yaml")
+    assert (result.exit_code, seen[-1].slow_start) == (0, 0)
+    assert "slow start" not in result.stderr
+    result = run("run", "--kubeconfig", "kc.yaml", "--slow-start", "1m30s", "--scheduler", "wrr")
+    assert (result.exit_code, seen[-1].slow_start) == (0, 90)
+    assert "slow start" not in result.stderr
+    result = run("run", "--kubeconfig", "kc.yaml", "--slow-start", "30s")
+    # kept: a Service choosing wrr by annotation still ramps
+    assert (result.exit_code, seen[-1].slow_start) == (0, 30)
+    assert "--slow-start: slow start has no effect with scheduler rr" in result.stderr
+    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize(

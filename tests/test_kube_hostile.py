@@ -18,6 +18,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from ipvsproxy.backoff import Backoff
 from ipvsproxy.cli import main
 from ipvsproxy.errors import ApiUnavailable
 from ipvsproxy.sync.tracker import SERVICE, SLICE, Tracker
-from tests.support import eventually
+from tests.kubeapi import ApiServer
+from tests.support import connecting, eventually, never_resolving
 
 ROOT = Path(__file__).parent.parent
 STATE = ROOT / "examples" / "kernel-state.txt"
@@ -282,6 +284,122 @@ def test_the_deadline_also_cuts_a_connection_reused_from_the_pool(serve, tmp_pat
     assert server.connections == 1
 
 
+# ---- pages over the cap: asked for again, smaller (issue 28's closing note) -----------------
+
+
+def service(name: str, padding: int = 0) -> dict[str, Any]:
+    """A Service, `padding` bytes larger by an annotation."""
+    meta: dict[str, Any] = {"name": name, "namespace": "n"}
+    if padding:
+        meta["annotations"] = {"padding": "x" * padding}
+    spec = {"clusterIP": "10.96.0.10", "ports": [{"port": 80, "protocol": "TCP"}]}
+    return {"kind": "Service", "apiVersion": "v1", "metadata": meta, "spec": spec}
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    server = ApiServer().start()
+    yield server
+    server.stop()
+
+
+def lists(server: ApiServer) -> list[dict[str, str]]:
+    """The queries of the list requests the server got, in order."""
+    return [query for _, _, query in server.requests if "watch" not in query]
+
+
+def test_pages_over_the_cap_are_asked_for_again_smaller_from_the_same_list(api, tmp_path, caplog):
+    """A legitimate list whose pages of 500 are over the page cap (EndpointSlices of 1,000
+    endpoints do that at 64 MiB): each page over it is asked for again from the same continue
+    token with half the limit; the list completes with every object. Before: the list failed
+    on that page, and the watcher retried it with the same limit for ever."""
+    for i in range(600):
+        api.put(service(f"a{i:03}"))  # ~300 bytes each: a page of 500 is ~150 KiB
+    for i in range(20):
+        api.put(service(f"b{i:02}", padding=20 * KiB))  # a page with them all is over 256 KiB
+    cap = 256 * KiB
+    settings = replace(SHORT, max_page_bytes=cap, list_deadline=10, read_timeout=5)
+    tracker = Tracker()
+    caplog.set_level(logging.INFO, logger="ipvsproxy.kube")
+    with kube.connect(kubeconfig=api.write_kubeconfig(tmp_path / "kc"), context=None) as client:
+        watcher = kube.Watcher(
+            SERVICE, api=client, node_name="node-a", sink=tracker, stop=threading.Event(),
+            settings=settings,
+        )  # fmt: skip
+        watcher.list_all()
+        queries = lists(api)
+        watcher.list_all()  # a list that worked: the next one starts at 500 again
+    assert len(tracker.views(SERVICE)) == 620
+    assert lists(api)[len(queries)] == {"limit": "500"}
+    # what the server answered each request (it is unchanged meanwhile: the same answers)
+    refused_mid_list = 0
+    for n, query in enumerate(queries):
+        code, body = api.list_page("Service", dict(query))
+        assert code == 200
+        following = queries[n + 1] if n + 1 < len(queries) else None
+        if len(json.dumps(body).encode()) > cap:  # refused: the same page, half as large
+            assert following == {**query, "limit": str(int(query["limit"]) // 2)}
+            refused_mid_list += "continue" in query
+        elif "continue" in body["metadata"]:  # the next page of the same list, the same size
+            assert following == {**query, "continue": body["metadata"]["continue"]}
+        else:
+            assert following is None
+    assert refused_mid_list >= 1  # a page after the first was refused too
+    assert [q["limit"] for q in queries][:3] == ["500", "500", "250"]
+    assert re.search(r"listed 620 Services at resourceVersion \d+ in pages of \d+", caplog.text)
+
+
+def test_a_page_of_one_object_over_the_cap_is_a_clear_error_after_bounded_retries(api, tmp_path):
+    """One object larger than the page cap: halved down to a page of one, then one line
+    naming the resource and the cap. Before: "response of 2 MiB, over 1 MiB" and no
+    smaller page ever asked for."""
+    api.put(service("a"))
+    api.put(service("b", padding=2 * MiB))
+    api.put(service("c"))
+    client = kube.connect(kubeconfig=api.write_kubeconfig(tmp_path / "kc"), context=None)
+    with client, pytest.raises(ApiUnavailable) as raised:
+        kube.list_once(client, (SERVICE,), node_name="node-a", sink=Tracker(), settings=SHORT)
+    assert re.fullmatch(
+        rf"cannot read Services from https://127.0.0.1:{api.port}: a page of 1 Service is over "
+        r"the 1 MiB page cap, so the list cannot complete \(response of 2[\d.]* MiB, over 1 MiB\)",
+        str(raised.value),
+    ), str(raised.value)
+    # 500 ... 3 hold all three; a page of 1 holds "a"; the next page of 1 is "b"
+    limits = ["500", "250", "125", "62", "31", "15", "7", "3", "1", "1"]
+    assert [q["limit"] for q in lists(api)] == limits
+    assert "continue" in lists(api)[-1]
+
+
+def test_in_run_a_page_of_one_object_over_the_cap_is_an_error_retried_with_backoff(
+    api, watching, caplog
+):
+    """The watcher keeps running (nothing listed: the agent does not sync, as for any API
+    failure); each attempt is the same bounded series of smaller pages, then an error line
+    naming the resource and the cap, then a backoff. Before: a warning, and the same page
+    of 500 asked for again."""
+    api.put(service("a"))
+    api.put(service("b", padding=2 * MiB))
+    caplog.set_level(logging.WARNING, logger="ipvsproxy.kube")
+    run = watching(api)
+    eventually(lambda: len(run.restarts) >= 3, 15, detail=lambda: repr(run.error))
+    assert run.thread.is_alive()
+    assert run.error is None
+    run.close()
+    assert not run.tracker.synced()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == len(run.restarts)
+    assert all(
+        re.fullmatch(r"watch Service: a page of 1 Service is over the 1 MiB page cap, so the "
+                     r"list cannot complete \(response of 2[\d.]* MiB, over 1 MiB\); retrying in "
+                     r"[\d.]+s", error)
+        for error in errors
+    ), errors  # fmt: skip
+    # every attempt the same bounded series; a new one only after a logged backoff
+    attempts = " ".join(q["limit"] for q in lists(api)).replace(" 500", "\n500").splitlines()
+    assert set(attempts[:-1]) == {"500 250 125 62 31 15 7 3 1 1"}
+    assert len(attempts) <= len(run.restarts) + 1
+
+
 # ---- garbage: diff exits 2 with one line; run's watcher warns and retries -------------------
 
 GARBAGE = {
@@ -369,8 +487,38 @@ def test_diff_on_a_refusal_with_a_hostile_message_exits_2_with_one_escaped_line(
     assert "\x1b" not in line
 
 
+def test_diff_against_a_name_that_never_resolves_exits_2_with_one_line_at_the_deadline(
+    tmp_path, monkeypatch
+):
+    """The lookup of the server's name blocks (a name server that never answers): `diff`
+    gives up at the list's deadline, as for a server that never answers. Before: it waited
+    for the lookup, for ever (getaddrinfo has no timeout, and the deadline cut sockets only)."""
+    kc = tmp_path / "kc"
+    kc.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://api.nowhere.test:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }))  # fmt: skip
+    monkeypatch.setattr(kube, "DIFF", SHORT)
+    with never_resolving("api.nowhere.test") as lookups:
+        started = time.monotonic()
+        line = diff_fails(kc, "https://api.nowhere.test:6443")
+        assert time.monotonic() - started < SHORT.list_deadline + 1.5
+    assert lookups  # the resolver was asked, and blocked
+    eventually(lambda: not connecting(), 5)  # the lookup, unblocked, ended its worker
+    assert line.endswith(": no connection to api.nowhere.test:6443 before the 1.5s deadline "
+                         "(name resolution or connect still under way)"), line  # fmt: skip
+
+
 def assert_diff_fails(server: Raw, tmp_path: Path, host: str) -> str:
-    kc = str(server.kubeconfig(tmp_path / "kc"))
+    return diff_fails(server.kubeconfig(tmp_path / "kc"), host)
+
+
+def diff_fails(kubeconfig: Path, host: str) -> str:
+    """`diff --kubeconfig` of `host`'s Services: exit 2 and one line on stderr (within 15 s)."""
+    kc = str(kubeconfig)
     outcome: list[Any] = []
     runner = threading.Thread(
         target=lambda: outcome.append(CliRunner().invoke(
@@ -393,11 +541,14 @@ def assert_diff_fails(server: Raw, tmp_path: Path, host: str) -> str:
 
 
 class Watching:
-    def __init__(self, server: Raw, tmp_path: Path) -> None:
+    def __init__(self, server: Raw | ApiServer, tmp_path: Path) -> None:
         self.tracker = Tracker(required=(SERVICE,))
         self.restarts: list[tuple[str, str]] = []
         self.stop = threading.Event()
-        self.client = kube.connect(kubeconfig=server.kubeconfig(tmp_path / "kc"), context=None)
+        kc = (server.kubeconfig if isinstance(server, Raw) else server.write_kubeconfig)(
+            tmp_path / "kc"
+        )
+        self.client = kube.connect(kubeconfig=kc, context=None)
         self.watcher = kube.Watcher(
             SERVICE, api=self.client, node_name="node-a", sink=self.tracker, stop=self.stop,
             settings=SHORT, on_restart=lambda kind, reason: self.restarts.append((kind, reason)),
@@ -419,10 +570,10 @@ class Watching:
 
 
 @pytest.fixture
-def watching(tmp_path: Path) -> Iterator[Callable[[Raw], Watching]]:
+def watching(tmp_path: Path) -> Iterator[Callable[[Raw | ApiServer], Watching]]:
     started: list[Watching] = []
 
-    def start(server: Raw) -> Watching:
+    def start(server: Raw | ApiServer) -> Watching:
         started.append(Watching(server, tmp_path))
         return started[-1]
 

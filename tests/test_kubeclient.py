@@ -9,10 +9,12 @@ import datetime
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +25,11 @@ import trustme
 import urllib3
 from kubernetes.config import incluster_config, kube_config
 
+from ipvsproxy import kubeclient
 from ipvsproxy.errors import ConfigError
-from ipvsproxy.kubeclient import client
+from ipvsproxy.kubeclient import Deadline, client
 from tests.kubeapi import ApiServer
+from tests.support import connecting, eventually, never_resolving
 
 
 @pytest.fixture(scope="module")
@@ -384,3 +388,61 @@ def test_master_alone_is_the_whole_configuration(not_in_cluster: None) -> None:
         assert not api.configuration.api_key
     with client(kubeconfig=None, context=None, master="http://127.0.0.1:8080/") as api:
         assert api.configuration.host == "http://127.0.0.1:8080"
+
+
+def test_name_resolution_ends_at_the_deadline(server: ApiServer, tmp_path: Path) -> None:
+    """A lookup of the server's name that never returns: the request fails at its deadline
+    as a connect timeout (what `ipvsproxy.kube` reports as any connection failure), and the
+    deadline has expired. Before: the request waited for the lookup (for ever here)."""
+    doc = kubeconfig(server, tmp_path)
+    doc["clusters"][0]["cluster"]["server"] = "https://api.nowhere.test:6443"
+    # the error, and whether the deadline had expired
+    outcome: list[tuple[urllib3.exceptions.MaxRetryError, bool]] = []
+
+    def get() -> None:
+        api = client(kubeconfig=write(tmp_path / "kc", doc), context=None)
+        with api, Deadline(0.5) as deadline:
+            try:
+                api.get("/api/v1/services", [])
+            except urllib3.exceptions.MaxRetryError as exc:
+                outcome.append((exc, deadline.expired))
+
+    with never_resolving("api.nowhere.test") as lookups:
+        started = time.monotonic()
+        thread = threading.Thread(target=get, daemon=True)
+        thread.start()
+        thread.join(timeout=5)
+        assert not thread.is_alive(), "still resolving after 5 s"
+        assert time.monotonic() - started < 1.5
+    assert lookups == ["api.nowhere.test"]
+    eventually(lambda: not connecting(), 5)  # the lookup, unblocked, ended its worker
+    ((error, expired),) = outcome
+    assert expired
+    assert isinstance(error.reason, urllib3.exceptions.ConnectTimeoutError)
+    assert "no connection to api.nowhere.test:6443 before the 0.5s deadline" in str(error.reason)
+
+
+def test_connections_given_up_at_the_deadline_hold_a_bounded_number_of_threads() -> None:
+    """A resolver that never answers costs at most `_WORKERS` threads, whatever the number of
+    attempts; a connection made after its deadline is closed, not leaked."""
+    release = threading.Event()
+    made: list[socket.socket] = []
+
+    def slow() -> socket.socket:
+        release.wait()
+        ours, theirs = socket.socketpair()
+        theirs.close()
+        made.append(ours)
+        return ours
+
+    try:
+        for _ in range(kubeclient._WORKERS + 2):
+            with Deadline(0.05) as deadline, pytest.raises(TimeoutError):
+                deadline.connect(slow)
+            assert deadline.expired
+        assert len(connecting()) == kubeclient._WORKERS
+    finally:
+        release.set()
+    eventually(lambda: not connecting(), 5)
+    assert len(made) == kubeclient._WORKERS
+    assert all(sock.fileno() == -1 for sock in made)  # closed: made too late

@@ -330,11 +330,14 @@ PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", 
 
 
 def rendered_names() -> set[str]:
-    """Every series name an agent's /metrics can hold, read from the rendered registry's
-    `# TYPE` lines (labelled metrics appear there before their first sample)."""
+    """Every series name an agent's /metrics can hold (with --service-metrics and
+    --endpoint-metrics), read from the rendered registry's `# TYPE` lines (labelled metrics
+    appear there before their first sample)."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
     names = set()
-    for line in Metrics().render().decode().splitlines():
+    metrics = Metrics()
+    metrics.service_traffic(dict, endpoints=True, max_series=1)
+    for line in metrics.render().decode().splitlines():
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split()
             name = name.removesuffix("_total") if kind == "counter" else name
@@ -357,6 +360,11 @@ def dashboard() -> dict[str, Any]:
     return loaded
 
 
+def queried(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """The panels that query (all but the rows, which only title the panels below them)."""
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
 def test_promql_metric_names_are_parsed_out_of_expressions():
     expr = (
         'histogram_quantile(0.99, sum by (le, ip_family) (rate(a_bucket{job=~"$job", '
@@ -370,7 +378,7 @@ def test_the_dashboard_queries_only_metrics_the_agent_exports():
     """The dashboard cannot drift from metrics.py: every metric name in every panel's
     PromQL is one a rendered registry holds."""
     exported = rendered_names()
-    for panel in dashboard()["panels"]:
+    for panel in queried(dashboard()):
         for target in panel["targets"]:
             used = metric_names(target["expr"])
             assert used, target["expr"]
@@ -378,7 +386,7 @@ def test_the_dashboard_queries_only_metrics_the_agent_exports():
 
 
 def test_the_dashboard_shows_what_an_operator_watches():
-    used = {n for p in dashboard()["panels"] for t in p["targets"] for n in metric_names(t["expr"])}
+    used = {n for p in queried(dashboard()) for t in p["targets"] for n in metric_names(t["expr"])}
     wanted = {
         "ipvsproxy_syncs_total",
         "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
@@ -398,8 +406,29 @@ def test_the_dashboard_shows_what_an_operator_watches():
         "kubeproxy_proxy_healthz_total",
         "kubeproxy_proxy_livez_total",
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "ipvsproxy_service_connections_total",
+        "ipvsproxy_service_bytes_total",
+        "ipvsproxy_service_packets_total",
+        "ipvsproxy_service_active_connections",
+        "ipvsproxy_service_inactive_connections",
+        "ipvsproxy_service_metrics_dropped_series_total",
+        "ipvsproxy_service_metrics_read_errors_total",
     }
     assert wanted <= used, wanted - used
+
+
+def test_the_service_traffic_panels_sit_under_their_row():
+    board = dashboard()
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert [r["title"] for r in rows] == ["Service traffic (--service-metrics)"]
+    (row,) = rows
+    below = [p for p in board["panels"] if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    assert below
+    for panel in below:
+        names = {n for t in panel["targets"] for n in metric_names(t["expr"])}
+        assert all(n.startswith("ipvsproxy_service_") for n in names), panel["title"]
+    assert all(p["gridPos"]["y"] < row["gridPos"]["y"] for p in board["panels"] if p not in below
+               and p is not row)  # fmt: skip
 
 
 def test_the_dashboard_is_grafana_10_on_a_prometheus_data_source_variable():
@@ -413,7 +442,7 @@ def test_the_dashboard_is_grafana_10_on_a_prometheus_data_source_variable():
     source = {"type": "prometheus", "uid": "${datasource}"}
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
-    for panel in board["panels"]:
+    for panel in queried(board):
         assert panel["datasource"] == source, panel["title"]
         assert panel["description"], panel["title"]
         refs = [t["refId"] for t in panel["targets"]]
@@ -498,6 +527,9 @@ def scraped_names() -> set[str]:
     svc = service("in", cluster_ips=("10.96.0.1",), internalTrafficPolicy="Local")
     agent.feed(svc, slice_("in", endpoints=[ep("10.244.9.1", node="node-b")]))
     agent.metrics.use_backend("ipvs", others=("iptables",))
+    # with --service-metrics and --endpoint-metrics, read from the agent's kernel
+    traffic = agent.metrics.service_traffic(agent.kernel.traffic, endpoints=True, max_series=99)
+    agent.sync.on_names = traffic.use_names
     agent.sync()
     agent.metrics.api_request("GET", "192.0.2.10:6443", "200", 0.02)
     text = agent.metrics.render().decode()
@@ -542,5 +574,5 @@ def test_the_shipped_dashboards_metrics_are_in_a_scrape_after_a_sync():
         "ipvsproxy_kernel_operations_total",
         "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",  # set by the tracker's callback
     }
-    used = {n for p in dashboard()["panels"] for t in p["targets"] for n in metric_names(t["expr"])}
+    used = {n for p in queried(dashboard()) for t in p["targets"] for n in metric_names(t["expr"])}
     assert used - eventful <= scraped_names(), used - eventful - scraped_names()

@@ -1,8 +1,9 @@
 """`ipvsproxy cleanup --kube-proxy --including-ipvs` on the real IPVS kernel, in a throw-away
 namespace laid out as kube-proxy's IPVS mode leaves a node (made with ip, ipvsadm, ipset and
 iptables under kube-proxy's names): its virtual servers (a ClusterIP on kube-ipvs0, a
-NodePort on the node's address), kube-ipvs0, its chains and sets go; a virtual server of
-another owner, another chain and set stay. Without --including-ipvs the table stays."""
+NodePort on the node's address that its KUBE-NODE-PORT-TCP set lists), kube-ipvs0, its chains
+and sets go; a virtual server of another owner (also one on the node's address inside the
+NodePort range), another chain and set stay. Without --including-ipvs the table stays."""
 
 from __future__ import annotations
 
@@ -51,10 +52,14 @@ def ns() -> Iterator[str]:
             ["-A", "-t", "10.96.0.10:80", "-s", "rr"],
             ["-a", "-t", "10.96.0.10:80", "-r", "10.250.0.7:8080", "-m"],
             ["-A", "-t", "10.250.0.1:30080", "-s", "rr"],  # a NodePort
+            ["-A", "-t", "10.250.0.1:30081", "-s", "rr"],  # in the range, kube-proxy's set no
             ["-A", "-t", "192.0.2.50:80", "-s", "wlc"],  # someone else's
         ):
             sh(name, "ipvsadm", *args)
         sh(name, "ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port")
+        # kube-proxy's record of its NodePorts (ipsetInfo's kubeNodePortSetTCP)
+        sh(name, "ipset", "create", "KUBE-NODE-PORT-TCP", "bitmap:port", "range", "0-65535")
+        sh(name, "ipset", "add", "KUBE-NODE-PORT-TCP", "30080")
         sh(name, "ipset", "create", "other-owner", "hash:ip")
         sh(name, "iptables-restore", "--noflush", stdin=KUBE_RULES)
         yield name
@@ -76,6 +81,7 @@ def test_kube_proxys_ipvs_layout_leaves_and_nothing_else(ns: str) -> None:
     assert "would remove: IPVS: ipvsadm -D -t 10.250.0.1:30080" in dry
     assert "would remove: IPVS: the dummy device kube-ipvs0" in dry
     assert "192.0.2.50" not in dry
+    assert "30081" not in dry  # in the NodePort range, but in no record: not kube-proxy's
     assert table(ns) == before
 
     sh(ns, IPVSPROXY, "cleanup", "--kube-proxy", "--including-ipvs")
@@ -83,6 +89,7 @@ def test_kube_proxys_ipvs_layout_leaves_and_nothing_else(ns: str) -> None:
     assert "192.0.2.50:80" in after
     assert "10.96.0.10" not in after
     assert "10.250.0.1:30080" not in after
+    assert "10.250.0.1:30081" in after
     links = sh(ns, "ip", "-o", "link")
     assert "kube-ipvs0" not in links
     assert "node0" in links

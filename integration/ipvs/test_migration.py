@@ -134,8 +134,12 @@ def test_kube_proxy_to_ipvsproxy_and_back_drops_no_connection(lab: Lab, tmp_path
     layout = (
         kube_proxy.Port("10.96.0.10", 80, (f"{b1}:{PORT}", f"{b2}:{PORT}")),
         kube_proxy.Port("10.96.0.11", 80, (f"{b1}:{PORT}",), node_port=30080),
+        # a Service deleted while the node changed hands: kube-proxy's NodePort set lists it
+        kube_proxy.Port("10.96.0.12", 80, (f"{b1}:{PORT}",), node_port=30081),
     )
     kube_proxy.apply(layout, node_ip=NODE_IP, cluster_cidr=CLUSTER_CIDR)
+    # an administrator's virtual server in the NodePort range, in no record: never claimed
+    subprocess.run(["ipvsadm", "-A", "-t", f"{NODE_IP}:30082", "-s", "rr"], check=True)
     assert len(kube_proxy.chains()) == 11
     assert len(kube_proxy.sets()) == 17
 
@@ -180,6 +184,10 @@ def test_kube_proxy_to_ipvsproxy_and_back_drops_no_connection(lab: Lab, tmp_path
             "ipvsproxy synced, its rules in place", interval=0.3,
             detail=lambda: saved() + log.read_text()[-3000:],
         )  # fmt: skip
+        table = saved()
+        assert f"-A -t {NODE_IP}:30081" not in table, "kube-proxy's stale NodePort is deleted"
+        assert f"-A -t {NODE_IP}:30082" in table, "the foreign one in the range stays"
+        assert f"-A -t {NODE_IP}:30080" in table
         time.sleep(1)
         cleaned = subprocess.run(swap_cleanup, capture_output=True, text=True)
         assert cleaned.returncode == 0, cleaned.stderr

@@ -284,6 +284,20 @@ class Run:
         self._struct = struct.Struct(fmt)
         template[0] = self._struct.size
         self._template = template
+        # for `unpack`: the headers alone (values skipped), then the values alone
+        heads, values = "=2xH", "=4x"
+        for at in range(2, len(template), 3):
+            size = template[at] - 4
+            heads += f"HH{size + (-size & 3)}x"
+        for name in names:
+            layout = space[name].layout
+            payload = f"{address}s" if layout == ADDRESS else layout[1]
+            size = struct.calcsize("=" + payload)
+            values += f"4x{payload}{-(4 + size) & 3}x"
+        self._heads, self._values = struct.Struct(heads), struct.Struct(values)
+        self._expected = (nest.kind, *(v for at in range(2, len(template), 3)
+                                       for v in (template[at], template[at + 1])))  # fmt: skip
+        self._big_values = [(at // 3 - 1, convert) for at, convert in self._big]
 
     def pack(self, *values: Any) -> bytes:
         args = self._template.copy()
@@ -291,6 +305,24 @@ class Run:
         for at, convert in self._big:
             args[at] = convert(args[at])
         return self._struct.pack(*args)
+
+    def unpack(self, buf: memoryview, offset: int = 0) -> list[Any] | None:
+        """The values of a nest at `offset` that starts with exactly this run, as `pack` lays
+        it out (a dump's nest may go on after it: its length is not checked); None when its
+        attributes are others, in another order or of other sizes (the caller decodes them
+        one at a time then, with `unpack`). The kernel writes a dumped destination's
+        attributes in one fixed order (ip_vs_genl_fill_dest): checking that order costs one
+        comparison and turns an observation's dozen attribute reads a destination into one.
+        Two structs over the run: its headers (the nest's type and each attribute's length
+        and type), compared whole with the template's, then its values."""
+        if len(buf) - offset < self._struct.size:
+            return None
+        if self._heads.unpack_from(buf, offset) != self._expected:
+            return None
+        values = list(self._values.unpack_from(buf, offset))
+        for at, convert in self._big_values:
+            values[at] = convert(values[at])  # ntohs/ntohl: the same swap as htons/htonl
+        return values
 
 
 def _af(address: IPAddress) -> int:
@@ -436,9 +468,34 @@ def decode_service(payload: memoryview) -> VirtualServer | None:
     return VirtualServer(key, scheduler, ServiceFlags(flags), timeout)
 
 
+# a dumped destination's attributes up to its statistics, in the kernel's order
+# (ip_vs_genl_fill_dest since Linux 5.3, which added the tunnel attributes); an address is
+# dumped as 16 bytes whatever its family
+_DUMPED_DEST = (
+    "addr", "port", "fwd_method", "weight", "tun_type", "tun_port", "tun_flags", "u_thresh",
+    "l_thresh", "active_conns", "inact_conns", "persist_conns", "addr_family",
+)  # fmt: skip
+_DUMPED_DEST_RUN = Run(DEST, _DUMPED_DEST, nest=COMMAND["dest"], address=16)
+
+
 def decode_dest(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
     """A dumped destination (a GET_DEST reply's payload) -> (RealServer, active connections,
-    inactive connections). Its address family is the service's unless it says otherwise."""
+    inactive connections). Its address family is the service's unless it says otherwise.
+
+    An idle resync decodes every destination of the table (100,000 at 10,000 Services x 10,
+    every sync period): laid out as the kernel writes them, in one struct (`Run.unpack`),
+    2.1 us a destination natively instead of 9.5 us attribute by attribute
+    (docs/performance.md); any other layout, attribute by attribute."""
+    run = _DUMPED_DEST_RUN.unpack(payload, _GENLHDR.size)
+    if run is not None:
+        addr, port, fwd, weight, _, _, _, upper, lower, active, inactive, _, af = run
+        key = RSKey(_address(af, addr), port)
+        return RealServer(key, weight, Forward(fwd & FWD_MASK), upper, lower), active, inactive
+    return decode_dest_attributes(payload, service_af)
+
+
+def decode_dest_attributes(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
+    """`decode_dest` one attribute at a time: for any order and any kernel."""
     a = _dest(payload)
     rs = RealServer(
         _dest_key(a, service_af),

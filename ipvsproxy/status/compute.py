@@ -12,18 +12,20 @@ Imports: proxier, sync, traffic, model, api, config.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ipvsproxy.api import EndpointSliceView, NodeView, Ref, ServiceView
 from ipvsproxy.config import Config
-from ipvsproxy.model import IpvsState, RealServer, VSKey
+from ipvsproxy.model import IpvsState, RealServer, RSKey, VSKey
 from ipvsproxy.proxier import PassPlan, Proxier
 from ipvsproxy.status.document import MAX_PORTS, Observed, Selector
 from ipvsproxy.sync.desired import Explanation, explain_service
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.plan import plan
+from ipvsproxy.sync.slowstart import Ramp
 from ipvsproxy.traffic import Sample, TrafficReader, rates
 
 Explained = list[tuple[ServiceView, Explanation]]
@@ -38,6 +40,8 @@ class Inputs:
     owners: Mapping[VSKey, str]
     observed: Observed
     warnings: tuple[str, ...] = ()
+    # the agent's slow-start ramps of the destinations shown (times on its monotonic clock)
+    ramps: Mapping[tuple[VSKey, RSKey], Ramp] = field(default_factory=dict)
 
 
 def explained(
@@ -112,13 +116,19 @@ def from_agent(
         owners = {**ours, **proxier.index.names(keys)}  # the node's winners first
         mine = {key for key in keys if owners[key] == ours[key]}
         addresses = {key.address for key in mine}
-        wanted = _holding(index.state_for(mine, addresses), proxier)
+        ramps = {
+            (ramp.key, ramp.endpoint): ramp
+            for ramp in (proxier.slow_start.ramps() if proxier.slow_start else ())
+            if ramp.key in mine
+        }
+        wanted = _ramping(_holding(index.state_for(mine, addresses), proxier), ramps)
         wanted = proxier.refusals.served(wanted, owners, whole=False)
         kernel = proxier.table.state_for(mine, addresses)
         ownership, manage = proxier.ownership, proxier.manage_addresses
         warnings = proxier.warnings
     drift = plan(wanted, kernel, ownership=ownership, manage_addresses=manage)
-    return Inputs(shown, node, owners, Observed(kernel=kernel, drift=drift), warnings)
+    observed = Observed(kernel=kernel, drift=drift)
+    return Inputs(shown, node, owners, observed, warnings, ramps)
 
 
 def _holding(state: IpvsState, proxier: Proxier) -> IpvsState:
@@ -130,6 +140,38 @@ def _holding(state: IpvsState, proxier: Proxier) -> IpvsState:
         if key in dests and rs_key not in dests[key]:
             dests[key] = {**dests[key], rs_key: RealServer(rs_key, 0)}
     return replace(state, dests=dests)
+
+
+def _ramping(state: IpvsState, ramps: Mapping[tuple[VSKey, RSKey], Ramp]) -> IpvsState:
+    """`state` with each ramping destination at the weight its ramp asked of the kernel
+    at the last pass (a ramp is no drift)."""
+    if not ramps:
+        return state
+    dests = dict(state.dests)
+    for (key, rs_key), ramp in ramps.items():
+        rs = dests.get(key, {}).get(rs_key)
+        if rs is not None:
+            dests[key] = {**dests[key], rs_key: replace(rs, weight=ramp.weight)}
+    return replace(state, dests=dests)
+
+
+def ramp_of(
+    ramps: Mapping[tuple[VSKey, RSKey], Ramp], now: float
+) -> Callable[[VSKey, RSKey], Mapping[str, Any] | None]:
+    """The `ramp` of each destination in the document: `now` on the ramps' clock."""
+
+    def ramp(key: VSKey, rs: RSKey) -> Mapping[str, Any] | None:
+        found = ramps.get((key, rs))
+        if found is None:
+            return None
+        return {
+            "weight": found.weight,
+            "fullWeight": found.target,
+            "startedSecondsAgo": round(max(0.0, now - found.started), 1),
+            "endsInSeconds": round(max(0.0, found.ends - now), 1),
+        }
+
+    return ramp
 
 
 class Sampler:

@@ -24,8 +24,8 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import JSON_HEADERS, Headed, InThread
-from ipvsproxy.status.compute import Sampler, from_agent
-from ipvsproxy.status.document import Passes, RampOf, Selector, build, no_ramp
+from ipvsproxy.status.compute import Sampler, from_agent, ramp_of
+from ipvsproxy.status.document import Passes, Selector, build
 from ipvsproxy.sync.tracker import SERVICE, SLICE, Tracker
 
 PATH = "/status"
@@ -40,10 +40,10 @@ def status_route(
     sampler: Sampler,
     backend: str,
     config: Config,
-    ramp: RampOf = no_ramp,
     clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,  # the slow-start ramps' clock
 ) -> InThread:
-    """`/status` for the agent; `ramp` says each destination's slow start (none by default)."""
+    """`/status` for the agent."""
 
     def route(query: str) -> Headed:
         try:
@@ -75,7 +75,7 @@ def status_route(
             warnings=inputs.warnings,
             device=config.dummy_device,
             selector=selector,
-            ramp=ramp,
+            ramp=ramp_of(inputs.ramps, monotonic()),
         )
         return 200, "application/json", json.dumps(doc).encode() + b"\n", JSON_HEADERS
 

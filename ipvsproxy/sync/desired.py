@@ -7,12 +7,13 @@ EndpointSlices; ready endpoints, else serving-and-terminating ones; topology hin
 (`categorize_endpoints`, kube-proxy's CategorizeEndpoints); traffic policies, a Local one
 without an endpoint here falling back to the cluster's (counted: `Desired.no_local_endpoints`);
 each IP family on its own (nothing of a family the Service has no ClusterIP of); the node's
-own addresses never bound; session affinity as IPVS persistence; per-Service schedulers.
-Warnings are returned as data. `explain_service` is the same translation saying why each
+own addresses never bound; session affinity as IPVS persistence; per-Service schedulers;
+a slow-start window (sync/slowstart.py) with its destinations' full weight. Warnings are
+returned as data. `explain_service` is the same translation saying why each
 endpoint it leaves out is left out (`Reason`, per `Scope`), for `status`: the rules that
 filter the endpoints name themselves, there is no second copy of them.
 
-Imports: api, model, schedulers, config.
+Imports: api, model, schedulers, config, sync.slowstart (its annotation and weight).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ipvsproxy.model import (
     destinations,
 )
 from ipvsproxy.schedulers import Choice, resolve
+from ipvsproxy.sync.slowstart import FULL_WEIGHT, window_of
 
 
 class TrafficPolicy(enum.StrEnum):
@@ -130,6 +132,7 @@ class Entry:
     bind: bool  # the address goes on the dummy device
     origin: str  # "ns/name:port"
     access: Access
+    slow_start: float = 0.0  # seconds a new endpoint's weight ramps over (0: off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +280,9 @@ def _translate(
     families: set[int] = {ip.version for ip in svc.cluster_ips}
     choice = resolve(svc.annotations, config.scheduler)
     warnings = [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
+    window, warning = window_of(svc.annotations, config.slow_start, choice.scheduler, svc.ref)
+    warnings += [warning] if warning else []
+    weight = FULL_WEIGHT if window else 1
     entries: dict[VSKey, Entry] = {}
     local: set[IPAddress] = set()
     no_local: set[NoLocal] = set()
@@ -328,7 +334,8 @@ def _translate(
                 local=front.external and svc.external_local,
                 source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
             )
-            entries[vs.key] = Entry(vs, destinations(usable), front.bind, origin, access)
+            dests = destinations(usable, weight)
+            entries[vs.key] = Entry(vs, dests, front.bind, origin, access, window)
         if why is not None:
             why.append(_explain_port(origin, port, slices, backends, families, left, fell_back))
     contribution = Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))

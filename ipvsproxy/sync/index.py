@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Container, Iterable, Mapping
+from types import MappingProxyType
 from typing import TypeVar
 
 from ipvsproxy.api import Ref
@@ -38,12 +39,16 @@ class DesiredIndex:
         # (a copy keeps the keys' hashes; a comprehension hashes each key in Python)
         self._access: dict[VSKey, Access] = {}
         self._origins: dict[VSKey, str] = {}
+        # the slow-start window of each winner that has one (sync/slowstart.py)
+        self.slow_start: dict[VSKey, float] = {}
         self._binders: dict[IPAddress, int] = {}  # winning entries binding each address
         self._local: dict[IPAddress, int] = {}  # Services with an endpoint here at the address
         self._warned: set[Ref] = set()  # contributions with warnings of their own
         self._conflicts: set[VSKey] = set()  # keys claimed by more than one Service
         self.dest_count = 0  # destinations of all desired virtual servers
         self._no_local: dict[NoLocal, int] = {}  # Services whose Local policy fell back
+        self.names_version = 0  # bumped when a key's origin ("ns/name:port") comes, goes or changes
+        self._published: tuple[int, Mapping[VSKey, str]] = (0, MappingProxyType({}))
 
     def __len__(self) -> int:
         return len(self.services)
@@ -84,7 +89,8 @@ class DesiredIndex:
         """Make the first claimant's entry the desired one for `key`."""
         before = self._winners.pop(key, None)
         self._access.pop(key, None)  # re-inserted last, in the winners' order
-        self._origins.pop(key, None)
+        origin = self._origins.pop(key, None)
+        self.slow_start.pop(key, None)
         if before is not None:
             self.dest_count -= len(before.dests)
             if before.bind:
@@ -93,13 +99,17 @@ class DesiredIndex:
         if not claims:
             self.services.pop(key, None)
             self.dests.pop(key, None)
+            self.names_version += origin is not None
             return
         entry = self._contributions[claims[0]].entries[key]
+        self.names_version += origin != entry.origin
         self._winners[key] = entry
         self.services[key] = entry.vs
         self.dests[key] = entry.dests
         self._access[key] = entry.access
         self._origins[key] = entry.origin
+        if entry.slow_start:
+            self.slow_start[key] = entry.slow_start
         self.dest_count += len(entry.dests)
         if entry.bind:
             self._count(self._binders, (key.address,), +1)
@@ -142,6 +152,18 @@ class DesiredIndex:
 
     def names(self, keys: Iterable[VSKey]) -> dict[VSKey, str]:
         return {k: e.origin for k in keys if (e := self._winners.get(k)) is not None}
+
+    def origins(self) -> Mapping[VSKey, str]:
+        """Every desired key's origin ("ns/name:port"), as a read-only copy that another
+        thread may keep and read while the index changes (the per-Service metrics). Copied
+        again only after an origin came, went or changed (a Service or a Service port added
+        or removed, a frontend moved), not on endpoint changes; call it from the thread that
+        updates the index."""
+        version, copy = self._published
+        if version != self.names_version:
+            copy = MappingProxyType(dict(self._origins))
+            self._published = (self.names_version, copy)
+        return copy
 
     def warnings(self) -> tuple[str, ...]:
         """The Services' own warnings, then every key claimed by more than one Service."""

@@ -1,7 +1,9 @@
-"""The IPVS part of a sync pass: hold draining endpoints, plan, apply (over any `Kernel`).
+"""The IPVS part of a sync pass: ramp new endpoints, hold draining ones, plan, apply (over
+any `Kernel`).
 
 Owns: `plan_pass()` (desired and observed state of the keys looked at -> the operations, with
-removed endpoints held at weight 0 while they drain), `apply_pass()` and `IpvsResult`. The
+new endpoints at their slow-start step's weight and removed endpoints held at weight 0 while
+they drain), `apply_pass()` and `IpvsResult`. The
 proxier (ipvsproxy/proxier.py) calls the two, on the whole table at a full resync and on
 the changed virtual servers only in between.
 
@@ -10,7 +12,7 @@ IPVS table, or the iptables fallback's rules), naming the Service, the virtual s
 the real server, with the fields of `sync.render.facts()`. Debug off, what that costs is one
 `isEnabledFor` per pass (a first sync at 10,000 Services x 10 sends 142,000 operations).
 
-Imports: sync.drain, sync.ownership, sync.plan, sync.render, kernel, model.
+Imports: sync.drain, sync.slowstart, sync.ownership, sync.plan, sync.render, kernel, model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
 from ipvsproxy.sync.render import Facts, facts, sentence
+from ipvsproxy.sync.slowstart import SlowStart
 
 log = logging.getLogger("ipvsproxy.sync")
 
@@ -62,12 +65,17 @@ def plan_pass(
     *,
     ownership: Ownership,
     drainer: Drainer | None = None,
+    slow_start: SlowStart | None = None,
+    windows: Mapping[VSKey, float] | None = None,
     manage_addresses: bool = True,
 ) -> IpvsPlan:
-    """Operations turning `observed` into `desired`, removed endpoints drained first."""
+    """Operations turning `observed` into `desired`, new endpoints of the virtual servers
+    with a slow-start window (`windows`) ramping, removed endpoints drained first."""
     state, draining, released = desired, 0, 0
+    if slow_start is not None:
+        state = slow_start.hold(desired, observed, windows or {})
     if drainer is not None:
-        held = drainer.hold(desired, observed, connections=kernel.connections)
+        held = drainer.hold(state, observed, connections=kernel.connections)
         state, draining, released = held.state, held.draining, held.released
     ops = plan(state, observed, ownership=ownership, manage_addresses=manage_addresses)
     return IpvsPlan(ops, state, observed, draining, released)
@@ -95,9 +103,8 @@ def apply_pass(
 def log_operations(result: IpvsResult) -> None:
     """One debug line per operation; a refused one also says why (`error`)."""
     refused = {failure.op: str(failure.error) for failure in result.report.failures}
-    services = (result.state.services, result.observed.services)
     for op in result.plan:
-        fields = facts(op, result.names, *services)
+        fields = result.facts(op)
         text = sentence(fields)
         if op in refused:
             fields["error"] = refused[op]

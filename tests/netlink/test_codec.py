@@ -4,6 +4,7 @@ decoded back as the kernel writes them (16-byte addresses, HASHED set, statistic
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from ipaddress import ip_address
 from typing import Any
 
@@ -28,6 +29,7 @@ from ipvsproxy.model import (
 )
 from ipvsproxy.netlink import codec
 from ipvsproxy.schedulers import Scheduler
+from tests.netlink.dumps import kernel_dest
 from tests.strategies import real_servers, virtual_servers
 
 FAMILY = 0x1D
@@ -263,3 +265,55 @@ def test_messages_and_errors_parse():
     )
     ((kind, _, seq, payload),) = list(codec.messages(ack))
     assert (kind, seq, codec.error_code(payload)) == (codec.NLMSG_ERROR, 9, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.sampled_from([4, 6]),
+    data=st.data(),
+    counts=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
+    flags=st.sampled_from([0, 0x0100, 0x1000]),
+)
+def test_a_destination_as_the_kernel_dumps_it_decodes_in_one_run(version, data, counts, flags):
+    """The kernel's own layout takes the compiled run (`Run.unpack`); it decodes to what the
+    attribute-by-attribute path gives, which any other layout takes."""
+    rs = data.draw(real_servers(version, forwards=st.sampled_from(list(Forward))))
+    thresholds = data.draw(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)))
+    rs = replace(rs, upper_threshold=thresholds[0], lower_threshold=thresholds[1])
+    af = socket.AF_INET6 if version == 6 else socket.AF_INET
+    (payload,) = codec.dumped([kernel_dest(rs, active=counts[0], inactive=counts[1], flags=flags)])
+    assert codec._DUMPED_DEST_RUN.unpack(payload, 4) is not None
+    assert codec.decode_dest(payload, af) == (rs, *counts)
+    assert codec.decode_dest_attributes(payload, af) == (rs, *counts)
+
+
+def test_a_destination_in_another_layout_is_decoded_attribute_by_attribute():
+    """An older kernel (no tunnel attributes), another order, a longer address: not the run."""
+    rs = RealServer(RSKey(ip_address("10.244.0.7"), 8080), weight=3)
+    old = [
+        ("addr", ip_address(rs.key.address.packed.ljust(16, b"\0"))),
+        ("port", 8080),
+        ("fwd_method", 0),
+        ("weight", 3),
+        ("u_thresh", 0),
+        ("l_thresh", 0),
+        ("active_conns", 2),
+        ("inact_conns", 1),
+    ]
+    for attrs in (old, old[::-1]):
+        nest = codec.nla(codec.COMMAND["dest"].kind, codec.pack(codec.DEST, attrs))
+        (payload,) = codec.dumped([codec.message(FAMILY, 5, nest, seq=2, flags=2)])
+        assert codec._DUMPED_DEST_RUN.unpack(payload, 4) is None
+        assert codec.decode_dest(payload, socket.AF_INET) == (rs, 2, 1)
+    (payload,) = codec.dumped([kernel_dest(rs)[:-200]])  # cut short: never read past the end
+    assert codec._DUMPED_DEST_RUN.unpack(payload[:40], 4) is None
+
+
+def test_the_kernel_layout_carries_the_counters():
+    rs = RealServer(RSKey(ip_address("fd00::7"), 53))
+    counters = Counters(7, 2**33, 5, 2**40, 9)
+    (payload,) = codec.dumped([kernel_dest(rs, active=1, counters=counters)])
+    assert codec.decode_dest_traffic(payload, socket.AF_INET6) == (
+        rs.key,
+        DestTraffic(1, 0, counters),
+    )

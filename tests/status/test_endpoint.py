@@ -163,3 +163,36 @@ def test_the_agents_winner_of_a_contested_virtual_server(served):
     vip = doc["services"][0]["virtualServers"][0]
     assert (vip["claimedBy"], vip["drift"]) == ("demo/a-twin:http", [])
     assert doc["inSync"]
+
+
+def test_a_slow_start_ramp_is_shown_and_is_no_drift():
+    from tests.support import driven_agent
+    from tests.sync.test_slow_start import A, B, C, endpoints, sync, web
+
+    agent, runner, clock = driven_agent()
+    sync(agent, runner, web(), endpoints(A, B))
+    clock.now += 3
+    sync(agent, runner, web(), endpoints(A, B, C))  # C ramps: weight 1 of 10 for 2 s
+    clock.now += 0.5
+    route = status_route(
+        lock=agent.sync.lock,
+        proxier=agent.sync.proxier,
+        tracker=agent.tracker,
+        passes=lambda: agent.sync.passes,
+        sampler=Sampler(TrafficReader(lambda: agent.kernel, clock=clock)),
+        backend="ipvs",
+        config=AGENT_CONFIG,
+        monotonic=clock,
+    )
+    server = HttpServer(("127.0.0.1", 0), {PATH: route}).start()
+    try:
+        doc = valid(fetch(f"http://127.0.0.1:{server.port}", Selector.parse("default/web")))
+    finally:
+        server.close()
+    rows = {e["address"]: e for e in doc["services"][0]["endpoints"]}
+    assert rows[C]["ramp"] == {
+        "weight": 1, "fullWeight": 10, "startedSecondsAgo": 0.5, "endsInSeconds": 9.5
+    }  # fmt: skip
+    assert rows[C]["programmed"] == [{"virtualServer": "TCP 10.96.0.10:80", "weight": 1}]
+    assert rows[A]["ramp"] is None
+    assert doc["inSync"], doc["services"][0]["virtualServers"][0]["drift"]

@@ -230,3 +230,58 @@ def test_a_recorded_virtual_server_is_claimed_at_any_port_but_never_past_the_exc
     assert replace(own, recorded={key}).claims(key, frozenset())
     excluded = replace(own, recorded={key}, exclude_cidrs=(ip_network("192.168.0.0/24"),))
     assert not excluded.claims(key, frozenset())
+
+
+IN_RANGE = VSKey(ip_address(NODE), 30080, Proto.TCP)  # a NodePort-range port on a node address
+
+
+def with_virtual_servers(kernel: FakeKernel, *keys: VSKey) -> None:
+    state = kernel.state
+    kernel.state = IpvsState(
+        {**state.services, **{k: VirtualServer(k) for k in keys}},
+        {**state.dests, **{k: {} for k in keys}},
+        state.bound,
+    )
+
+
+def test_a_foreign_virtual_server_inside_the_node_port_range_is_not_claimed_either():
+    """With the record kept, the NodePort range proves nothing: an administrator's virtual
+    server on node:30080 stays, across restarts."""
+    kernel, host = FakeKernel(), FakeHost()
+    with_virtual_servers(kernel, IN_RANGE)
+    assert ipvs_proxier(kernel, host).sync(services()).ok
+    restarted = ipvs_proxier(kernel, host)
+    assert restarted.sync([node(addresses=(NODE,))]).ok
+    assert IN_RANGE in kernel.state.services
+
+
+def kube_proxy_left(host: FakeHost, *ports: int) -> None:
+    """kube-proxy's IPVS mode's NodePort set, as it leaves it on the node."""
+    host.sets["KUBE-NODE-PORT-TCP"] = ("bitmap:port", 4, 65536, {str(p) for p in ports})
+
+
+def test_kube_proxys_node_ports_are_taken_over_or_deleted_by_its_record():
+    """A node that has just moved from kube-proxy: the stale NodePort kube-proxy's set lists
+    is deleted, the wanted one taken over and recorded as ipvsproxy's, and a virtual server
+    in the range that the set does not list stays foreign."""
+    kernel, host = FakeKernel(), FakeHost()
+    wanted = VSKey(ip_address(NODE), 30090, Proto.TCP)
+    foreign = VSKey(ip_address(NODE), 30091, Proto.TCP)
+    with_virtual_servers(kernel, IN_RANGE, wanted, foreign)  # kube-proxy's table, and one more
+    kube_proxy_left(host, 30080, 30090)
+    objects = [
+        node(addresses=(NODE,)),
+        service("np", type="NodePort", cluster_ips=("10.96.0.12",), ports=[port(node_port=30090)]),
+    ]
+    result = ipvs_proxier(kernel, host).sync(objects)
+    assert result.ok
+    assert IN_RANGE not in kernel.state.services  # stale: kube-proxy's, deleted
+    assert wanted in kernel.state.services
+    assert foreign in kernel.state.services  # never kube-proxy's: untouched
+    assert f"{NODE},tcp:30090" in host.held()["IPVSPROXY-CREATED"]
+
+    # `cleanup --kube-proxy` removes kube-proxy's sets; the Service goes while ipvsproxy is down
+    del host.sets["KUBE-NODE-PORT-TCP"]
+    assert ipvs_proxier(kernel, host).sync([node(addresses=(NODE,))]).ok
+    assert wanted not in kernel.state.services  # recorded as ipvsproxy's: deleted
+    assert foreign in kernel.state.services

@@ -61,3 +61,14 @@ def test_service_and_exclude_cidrs_come_from_the_configuration():
     assert own.claims(key(80, "10.96.0.10"), NOTHING_BOUND)
     assert not own.claims(key(80, "10.96.5.5"), NOTHING_BOUND)
     assert not own.claims(key(80, "10.96.5.5"), frozenset({ip_address("10.96.5.5")}))
+
+
+@pytest.mark.parametrize("port", [30000, 30080, 32767])
+def test_where_a_record_is_kept_the_node_port_range_claims_nothing(port):
+    """With the record (IPVS with its firewall sets, the fallback's chains) a node-address
+    virtual server is ipvsproxy's only when recorded: the range proves nothing."""
+    own = Ownership(nodeport_addresses=frozenset({NODE}), range_claims=False)
+    assert not own.claims(key(port), NOTHING_BOUND)
+    assert Ownership(nodeport_addresses=frozenset({NODE}), recorded={key(port)}).claims(
+        key(port), NOTHING_BOUND
+    )
