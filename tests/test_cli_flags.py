@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from ipvsproxy import agent, kpconfig
-from ipvsproxy.cli import IGNORED, KUBE_PROXY, LOGGING, main
+from ipvsproxy.cli import main
+from ipvsproxy.cli.options import IGNORED, KUBE_PROXY, LOGGING
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples"

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ipvsproxy import cli
-from ipvsproxy.cli import main
+from ipvsproxy.cli import main, status_command
 from ipvsproxy.model import DeleteDest
 from tests.status.scene import HERE, OBJECTS, WEB_VIP, valid
 from tests.status.test_endpoint import Served
@@ -159,7 +158,7 @@ def test_watch_refreshes_in_place_on_a_terminal(served, monkeypatch):
 
     read = lambda selector: fetch(served.url, selector)  # noqa: E731
     with pytest.raises(KeyboardInterrupt):
-        cli._show_status(read, None, output="table", watch=True, interval=1.0)
+        status_command._show_status(read, None, output="table", watch=True, interval=1.0)
     frames = screen.getvalue().split("\x1b[H\x1b[2J")
     assert frames[0] == ""
     assert len(frames) == 3
