@@ -24,10 +24,12 @@ import ctypes
 import os
 import socket
 import subprocess
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from ipaddress import ip_network
+from pathlib import Path
 from typing import Any
 
 from ipvsproxy.config import Config
@@ -38,10 +40,34 @@ from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.proxier import PassResult, Proxier
 from tests.factories import ep, node, port, service, slice_
-from tests.support import Synced
+from tests.support import Synced, free_port
 
 CLONE_NEWNET = 0x40000000
 PORT = 8000
+IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
+
+
+def agent_command(
+    *source: str,
+    health: int | None = None,
+    metrics: int | None = None,
+    sync_period: float | None = None,
+    more: Sequence[str] = (),
+) -> list[str]:
+    """`ipvsproxy run` as the VM tests start it on a lab: `source` (`--manifests DIR`,
+    `--kubeconfig FILE`), node-a, the Service CIDR 10.96.0.0/16, partial passes 200 ms apart,
+    health and metrics on 127.0.0.1 at the given ports or free ones."""
+    args = [
+        IPVSPROXY, "run", *source, "--hostname-override", "node-a",
+        "--service-cidr", "10.96.0.0/16", "--min-sync-period", "200ms",
+        "--healthz-bind-address", f"127.0.0.1:{health or free_port()}",
+        "--metrics-bind-address", f"127.0.0.1:{metrics or free_port()}",
+    ]  # fmt: skip
+    if sync_period is not None:
+        args += ["--sync-period", f"{sync_period}s"]
+    return [*args, *more]
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 

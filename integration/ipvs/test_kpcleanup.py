@@ -8,16 +8,15 @@ NodePort range), another chain and set stay. Without --including-ipvs the table 
 from __future__ import annotations
 
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from integration.lab import IPVSPROXY
+
 pytestmark = pytest.mark.vm
 
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 KUBE_RULES = """*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-MARK-MASQ - [0:0]

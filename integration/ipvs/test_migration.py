@@ -15,7 +15,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import pytest
 
 from integration import kube_proxy_layout as kube_proxy
 from integration.conftest import clean_ipvs
-from integration.lab import PORT, Lab, connect, request
+from integration.lab import IPVSPROXY, PORT, Lab, connect, request
 from ipvsproxy.firewall.rules import PREFIX
 from tests import support
 from tests.factories import ep, node, port, service, slice_
@@ -35,7 +34,6 @@ from tests.support import free_port
 
 pytestmark = pytest.mark.vm
 
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migration.md"
 NODE_IP = "10.250.1.1"  # the node's address on the client's link (lab.py topology)
 CLUSTER_CIDR = "10.244.0.0/16"

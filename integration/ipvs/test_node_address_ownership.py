@@ -11,7 +11,6 @@ it (`--nodeport-addresses`): a NodePort of 22 on the VM's own addresses would ta
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
+from integration.lab import IPVSPROXY
 from tests.factories import ep, node, port, service, slice_
 
 pytestmark = pytest.mark.vm
 
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 LINK = "ipvsp-node"
 NODE_IP = "10.250.9.1"
 ARGS = (

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import clean_ipvs, kernel_missing_schedulers
-from integration.lab import PORT, Lab, request
+from integration.lab import PORT, Lab, agent_command, request
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
 from tests.factories import ep, node, port, service, slice_
 from tests.support import free_port
@@ -51,13 +50,7 @@ def test_a_scheduler_the_kernel_lacks_is_served_with_the_default_and_health_stay
         (manifests / "all.json").write_text(json.dumps({"kind": "List", "items": objects}))
         health = free_port()
         log = tmp_path / "agent.log"
-        args = [
-            str(Path(sys.executable).parent / "ipvsproxy"), "run", "--manifests", str(manifests),
-            "--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16",
-            "--sync-period", f"{SYNC_PERIOD}s", "--min-sync-period", "200ms",
-            "--healthz-bind-address", f"127.0.0.1:{health}",
-            "--metrics-bind-address", f"127.0.0.1:{free_port()}",
-        ]  # fmt: skip
+        args = agent_command("--manifests", str(manifests), health=health, sync_period=SYNC_PERIOD)
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=out)
         deadline = time.monotonic() + 120

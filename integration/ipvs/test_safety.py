@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from integration.lab import IPVSPROXY
+
 pytestmark = pytest.mark.vm
 
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
 SERVICE = (
     "kind: Service\nmetadata: {name: web, namespace: demo}\n"

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,11 +17,10 @@ from typing import Any
 import pytest
 
 from integration.conftest import clean_ipvs
-from integration.lab import PORT, Lab, request
+from integration.lab import PORT, Lab, agent_command, request
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION
 from ipvsproxy.sync.slowstart import FULL_WEIGHT, SLOW_START_ANNOTATION
 from tests.factories import ep, node, port, service, slice_
-from tests.support import free_port
 
 pytestmark = pytest.mark.vm
 
@@ -75,13 +73,7 @@ def test_a_new_endpoint_ramps_up_in_the_kernel_and_gets_few_connections_at_first
         manifests.mkdir()
         write(manifests, objects(b1.address, b2.address))
         log = tmp_path / "agent.log"
-        args = [
-            str(Path(sys.executable).parent / "ipvsproxy"), "run", "--manifests", str(manifests),
-            "--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16",
-            "--sync-period", f"{SYNC_PERIOD}s", "--min-sync-period", "200ms",
-            "--healthz-bind-address", f"127.0.0.1:{free_port()}",
-            "--metrics-bind-address", f"127.0.0.1:{free_port()}",
-        ]  # fmt: skip
+        args = agent_command("--manifests", str(manifests), sync_period=SYNC_PERIOD)
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=out)
         full = {b1.address: FULL_WEIGHT, b2.address: FULL_WEIGHT}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,13 +18,12 @@ import pytest
 import yaml
 
 from integration.conftest import clean_ipvs
-from integration.lab import PORT, Lab, built, request
+from integration.lab import IPVSPROXY, PORT, Lab, agent_command, built, request
 from tests.factories import ep, node, port, service, slice_
 from tests.status.scene import SCHEMA
 from tests.support import eventually, free_port
 
 pytestmark = pytest.mark.vm
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 VIP = "10.96.0.40"
 
 
@@ -46,9 +44,7 @@ def agent(tmp_path: Path) -> Iterator[tuple[Lab, str]]:
         manifest.write_text(yaml.safe_dump_all(objects))
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [IPVSPROXY, "run", "--manifests", str(manifest), "--hostname-override",
-                 "node-a", "--metrics-bind-address", f"127.0.0.1:{metrics}",
-                 "--healthz-bind-address", f"127.0.0.1:{health}"],
+                agent_command("--manifests", str(manifest), health=health, metrics=metrics),
                 stdout=out, stderr=out,
             )  # fmt: skip
         try:

@@ -9,16 +9,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from integration.lab import PORT, Lab, built, inside, request
+from integration.lab import IPVSPROXY, PORT, Lab, built, inside, request
 from tests.factories import ep, node, port, service, slice_
 from tests.support import eventually, free_port
 
@@ -26,7 +24,6 @@ pytestmark = pytest.mark.netns
 NODE = "ipvsp-fb"
 NODE_IP = "10.250.1.1"
 VIP = "10.96.0.20"
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 FOREIGN = "-A POSTROUTING -s 192.0.2.0/24 -j MASQUERADE"
 
 

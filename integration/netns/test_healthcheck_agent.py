@@ -10,20 +10,18 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from integration.lab import inside
+from integration.lab import IPVSPROXY, inside
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
 from tests.support import eventually
 
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE_IP = "10.250.3.1"
 HC_PORT = 31999
 

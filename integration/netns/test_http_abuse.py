@@ -10,7 +10,6 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,13 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration.lab import inside
+from integration.lab import IPVSPROXY, inside
 from tests.factories import ep, port, service, slice_
 from tests.support import eventually
 from tests.test_serve import Tricklers, p99, probe
 
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE_IP = "10.250.4.1"
 HC_PORT = 31998
 HEALTHZ, METRICS = 10256, 10249

@@ -5,13 +5,12 @@ kubelet's chains, another owner's chain and set: only kube-proxy's leave."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from integration.lab import IPVSPROXY
+
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 
 NAT = """*nat
 :KUBE-SERVICES - [0:0]

@@ -6,17 +6,16 @@ process), `diff` shows their deletion first, and a foreign rule for the node add
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from integration.lab import IPVSPROXY
 from tests.factories import ep, node, port, service, slice_
 
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE_IP = "10.250.7.1"
 FOREIGN = (  # an administrator's DNAT on the node address: never ipvsproxy's
     f"-A PREROUTING -d {NODE_IP}/32 -p tcp -m tcp --dport 2223 -j DNAT --to-destination "

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,12 +21,11 @@ import pytest
 import trustme
 import yaml
 
-from integration.lab import inside
+from integration.lab import IPVSPROXY, inside
 from tests.factories import ep, node, port, service, slice_
 from tests.support import eventually, free_port
 
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 ARP_IGNORE = "/proc/sys/net/ipv4/conf/all/arp_ignore"
 
 

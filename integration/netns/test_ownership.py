@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from integration.lab import IPVSPROXY
 from ipvsproxy.firewall.kernel import Firewall, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import wanted
@@ -22,7 +22,6 @@ from ipvsproxy.model import IpvsState
 from tests.factories import ep, node, service, slice_
 
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 
 
 def in_ns(ns: str, *args: str, stdin: str | None = None, check: bool = True) -> str:

@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +18,13 @@ import jsonschema
 import pytest
 import yaml
 
-from integration.lab import inside
+from integration.lab import IPVSPROXY, inside
 from tests.factories import ep, node, port, service, slice_
 from tests.status.scene import SCHEMA
 from tests.support import eventually
 from tests.test_serve import Tricklers, probe
 
 pytestmark = pytest.mark.netns
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 NODE_IP = "10.250.5.1"
 METRICS = 10249
 
