@@ -40,6 +40,7 @@ def test_sighup_is_logged_and_asks_for_a_full_resync_without_stopping(caplog):
     """Issue 28: SIGHUP's default action ended the agent mid-pass without a log line."""
     caplog.set_level(logging.INFO, logger="ipvsproxy.agent")
     halted, resynced = threading.Event(), threading.Event()
+    before = signal.getsignal(signal.SIGHUP)  # SIG_IGN under nohup
     with _signals(halted.set, resync=resynced.set):
         os.kill(os.getpid(), signal.SIGHUP)
         assert resynced.wait(5)
@@ -47,7 +48,7 @@ def test_sighup_is_logged_and_asks_for_a_full_resync_without_stopping(caplog):
     (record,) = [r for r in caplog.records if "received SIGHUP" in r.message]
     assert "full resync" in record.message
     assert record.threadName == "signals"
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the old handler is back
+    assert signal.getsignal(signal.SIGHUP) is before  # the old handler is back
 
 
 def test_the_handler_returns_while_the_main_thread_holds_the_lock_halt_needs(caplog):
