@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.model import Counters, RSKey, Traffic, VSKey
 
+# The kernel exports its counters as its rate estimator last summed them (estimation_timer,
+# ip_vs_est.c: every 2 seconds, per CPU into one): a reading is up to this old, so rates over a
+# shorter window come out as 0 or double. Readings for rates are at least this far apart.
+KERNEL_REFRESH = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:

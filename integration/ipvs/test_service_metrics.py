@@ -6,6 +6,7 @@ agent reads them), rise by what was sent."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -55,6 +56,12 @@ def value(series: Series, name: str, **labels: str) -> float:
 
 
 def test_the_series_of_a_service_rise_with_real_traffic(lab):
+    before: Series = {}
+    after: Series = {}
+
+    def rose(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
     with NetlinkKernel() as kernel:
         synced = program(kernel, lab, svc("metered", VIP, type="NodePort", node_port=30040))
         metrics = Metrics()
@@ -66,14 +73,19 @@ def test_the_series_of_a_service_rise_with_real_traffic(lab):
             traffic.use_names(synced.proxier.index.origins())
             before = scrape(metrics)
             answered = Counter(request(lab.clients[0], VIP, 80) for _ in range(9))
-            after = scrape(metrics)
+            # the kernel reports its counters as its rate estimator last summed them, every
+            # 2 s (traffic.KERNEL_REFRESH): scraped until they show the connections
+            deadline = time.monotonic() + 10
+            while True:
+                after = scrape(metrics)
+                if rose("ipvsproxy_service_connections_total", address=f"{VIP}:80") >= 9:
+                    break
+                assert time.monotonic() < deadline, "the counters never showed the traffic"
+                time.sleep(0.5)
         finally:
             reader.close()
     assert answered == {"b1": 3, "b2": 3, "b3": 3}
     cluster = {"address": f"{VIP}:80"}
-
-    def rose(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
 
     assert rose("ipvsproxy_service_connections_total", **cluster) == 9
     for direction in ("in", "out"):  # NAT: the replies pass the node too

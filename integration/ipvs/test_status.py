@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,9 +82,18 @@ def test_connections_and_bytes_go_up_on_the_endpoint_that_served_them(agent):
     names = {b.name: b.address for b in lab.backends}
     before = by_address(status(url))
     served = Counter(names[request(lab.clients[0], VIP, 80)] for _ in range(6))
-    time.sleep(1.5)  # the agent's readings are at least a second apart
-    doc = status(url)
-    after = by_address(doc)
+    doc: dict[str, Any] = {}
+    after: dict[str, dict[str, Any]] = {}
+
+    def counted() -> bool:  # the kernel refreshes the counters it reports every 2 s
+        nonlocal doc, after
+        doc = status(url)
+        after = by_address(doc)
+        return all(
+            after[a]["connections"] - before[a]["connections"] >= n for a, n in served.items()
+        )
+
+    eventually(counted, 20, "the connections in the counters", interval=0.5)
     assert doc["backend"] == "ipvs"
     for address, n in served.items():
         assert after[address]["connections"] - before[address]["connections"] == n

@@ -38,6 +38,7 @@ from ipvsproxy.config import (
 )
 from ipvsproxy.errors import ConfigError, IpvsproxyError
 from ipvsproxy.serve import parse_bind_address
+from ipvsproxy.traffic import KERNEL_REFRESH
 
 
 @click.command(cls=Command)
@@ -172,7 +173,8 @@ def _show_status(
     read: StatusReader, selector: Any, *, output: str, watch: bool, interval: float
 ) -> None:
     """One document (exit 0 in sync, 1 drift), or --watch's frames until Ctrl-C. A one-shot
-    document without rates (the agent's first sample) is read again a second later."""
+    document without rates (the agent's first sample) is read again once the kernel has
+    refreshed its counters (traffic.KERNEL_REFRESH, 2 s)."""
     import time
 
     from ipvsproxy.status.document import exit_code
@@ -181,7 +183,7 @@ def _show_status(
     if not watch:
         doc = read(selector)
         if doc["rateWindowSeconds"] is None and _has_counters(doc):
-            time.sleep(1.0)
+            time.sleep(KERNEL_REFRESH)
             doc = read(selector)
         out.write(_status_text(doc, output, compact=False))
         out.flush()
