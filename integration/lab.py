@@ -182,6 +182,9 @@ class Lab:
                 sctp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP)
                 sctp.bind(("0.0.0.0", number))
                 sctp.listen(16)
+                # shutdown() does not wake an SCTP accept() (sctp_disconnect does nothing and
+                # the socket stays listening), so its server looks at the stop flag this often
+                sctp.settimeout(0.2)
         servers = ((tcp, self._serve_stream), (udp, self._serve_udp), (sctp, self._serve_stream))
         for sock, serve in servers:
             if sock is not None:
@@ -226,6 +229,8 @@ class Lab:
         while not self._stop.is_set():
             try:
                 conn, _ = sock.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
             threading.Thread(target=self._hold, args=(conn, name), daemon=True).start()
@@ -313,11 +318,16 @@ def alive(sock: socket.socket) -> bool:
         return False
 
 
-def udp_request(ns: str, vip: str, port: int) -> str:
+def udp_request(ns: str, vip: str, port: int, *, source_port: int = 0) -> str:
+    """One datagram and its answer: which backend answered. IPVS schedules UDP per client
+    address and port, so tests that count the spread give each request its own
+    `source_port` (a kernel-chosen one may repeat, and then joins the earlier connection)."""
     with inside(ns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with sock:
         sock.settimeout(5)
+        if source_port:
+            sock.bind(("", source_port))
         sock.sendto(b"?", (vip, port))
         return sock.recv(64).decode()
 

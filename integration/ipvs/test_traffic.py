@@ -135,7 +135,9 @@ def test_session_affinity_keeps_a_client_on_one_backend(kernel, lab):
 
 def test_udp_service_answers_round_robin(kernel, lab):
     program(kernel, lab, svc("dns", "10.96.0.10", proto="UDP"))
-    got = Counter(udp_request(client(lab), "10.96.0.10", 80) for _ in range(6))
+    got = Counter(
+        udp_request(client(lab), "10.96.0.10", 80, source_port=40000 + i) for i in range(6)
+    )
     assert got == {"b1": 2, "b2": 2, "b3": 2}
 
 
