@@ -11,14 +11,17 @@ must never go green by skipping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from integration.lab import Lab, built
 from ipvsproxy.schedulers import Scheduler
 
 
@@ -129,6 +132,21 @@ def clean() -> Iterator[None]:
     clean_ipvs()
     yield
     clean_ipvs()
+
+
+@contextlib.contextmanager
+def ipvs_lab(backends: int, **options: Any) -> Iterator[Lab]:
+    """A lab (integration.lab.built) on an empty IPVS table, with the sysctls ipvsproxy sets
+    for this kernel; the table emptied again afterwards."""
+    from ipvsproxy.netlink import sysctl
+
+    clean_ipvs()
+    sysctl.ensure(sysctl.required(os.uname().release))
+    try:
+        with built(backends, **options) as lab:
+            yield lab
+    finally:
+        clean_ipvs()
 
 
 def kernel_missing_schedulers() -> frozenset[Scheduler]:

@@ -5,7 +5,6 @@ agent reads them), rise by what was sent."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -13,12 +12,11 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.conftest import clean_ipvs
-from integration.lab import PORT, Lab, built, request
+from integration.conftest import ipvs_lab
+from integration.lab import PORT, Lab, request
 from integration.services import NODE_IP, program, svc
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.netlink import NetlinkKernel
-from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.traffic import TrafficReader
 
 pytestmark = pytest.mark.vm
@@ -29,15 +27,8 @@ SERVICE = {"namespace": "default", "service": "metered", "port": "p", "protocol"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    clean_ipvs()
-    sysctls.ensure(
-        sysctls.required(subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout)
-    )
-    try:
-        with built(3) as lab:
-            yield lab
-    finally:
-        clean_ipvs()
+    with ipvs_lab(3) as lab:
+        yield lab
 
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -12,12 +12,11 @@ from ipaddress import ip_address
 
 import pytest
 
-from integration.conftest import clean_ipvs, require_sctp
-from integration.lab import PORT, Lab, built, connect, request, udp_request
+from integration.conftest import clean_ipvs, ipvs_lab, require_sctp
+from integration.lab import PORT, Lab, connect, request, udp_request
 from integration.services import NODE_IP, program, svc
 from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.netlink import NetlinkKernel
-from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.schedulers import Scheduler
 from tests.factories import ep, node, slice_
 
@@ -26,15 +25,8 @@ pytestmark = pytest.mark.vm
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
-    clean_ipvs()
-    sysctls.ensure(
-        sysctls.required(subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout)
-    )
-    try:
-        with built(3, extra_client_addresses=8) as lab:
-            yield lab
-    finally:
-        clean_ipvs()
+    with ipvs_lab(3, extra_client_addresses=8) as lab:
+        yield lab
 
 
 @pytest.fixture(scope="module")
