@@ -333,7 +333,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         # The kernel's traffic counters for /metrics (--service-metrics) and the status: one
         # reader for both, on a kernel connection of its own (never the sync pass's),
         # opened when first asked: an agent nobody asks reads nothing.
-        traffic_reader = TrafficReader(functools.partial(backends.traffic_kernel, backend, config))
+        traffic_reader = TrafficReader(functools.partial(backends.traffic_kernel, backend))
         stack.callback(traffic_reader.close)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))

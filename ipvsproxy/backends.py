@@ -52,6 +52,7 @@ from ipvsproxy.sync.plan import plan
 
 if TYPE_CHECKING:
     from ipvsproxy.netlink import NetlinkKernel
+    from ipvsproxy.traffic import Counted
 
 log = logging.getLogger(__name__)
 
@@ -327,14 +328,16 @@ def _firewall_cleanup(*, dry_run: bool) -> list[str]:
         return []
 
 
-def traffic_kernel(backend: Backend, config: Config) -> Kernel:
+def traffic_kernel(backend: Backend) -> Counted:
     """What `traffic.TrafficReader` reads the counters from: for IPVS a netlink connection
     of its own (a dump from another thread on the sync pass's socket would interleave with
     the pass's messages); the fallback's kernel as it is (its traffic() is {}, read from
     nowhere)."""
     if backend.name != IPVS:
         return backend.kernel
-    return _ipvs(config)
+    from ipvsproxy.netlink import CounterReader
+
+    return CounterReader()
 
 
 def _ipvs(config: Config) -> NetlinkKernel:

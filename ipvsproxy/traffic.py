@@ -8,7 +8,7 @@ The sync thread's netlink socket is never used here: a dump from another thread 
 socket would interleave with the pass's messages. A reader opens its own connection the
 first time it is asked, so an agent that nobody asks pays nothing.
 
-Imports: kernel, model.
+Imports: model.
 """
 
 from __future__ import annotations
@@ -17,14 +17,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from ipvsproxy.kernel import Kernel
 from ipvsproxy.model import Counters, RSKey, Traffic, VSKey
 
 # The kernel exports its counters as its rate estimator last summed them (estimation_timer,
 # ip_vs_est.c: every 2 seconds, per CPU into one): a reading is up to this old, so rates over a
 # shorter window come out as 0 or double. Readings for rates are at least this far apart.
 KERNEL_REFRESH = 2.0
+
+
+class Counted(Protocol):
+    """What a reader reads: `Kernel.traffic()` (every backend has it; the IPVS one reads
+    through a `netlink.CounterReader` of its own)."""
+
+    def traffic(self) -> Mapping[VSKey, Traffic]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +54,13 @@ class TrafficReader:
 
     def __init__(
         self,
-        open_kernel: Callable[[], Kernel],
+        open_kernel: Callable[[], Counted],
         *,
         min_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open = open_kernel
-        self._kernel: Kernel | None = None
+        self._kernel: Counted | None = None
         self.min_interval = min_interval
         self._clock = clock
         self._lock = threading.Lock()

@@ -229,13 +229,25 @@ def test_the_iptables_fallback_exports_none_and_reads_nothing(caplog):
     assert any("iptables fallback" in r.message for r in caplog.records)
     # and what the reader opens there is the fallback's own kernel: no netlink connection
     kernel = FakeKernel()
-    assert backends.traffic_kernel(Backend(kernel, IPTABLES, "test"), Config()) is kernel
+    assert backends.traffic_kernel(Backend(kernel, IPTABLES, "test")) is kernel
 
 
 def test_ipvs_traffic_is_read_on_a_kernel_connection_of_its_own(monkeypatch):
-    own = FakeKernel()
-    monkeypatch.setattr(backends, "_ipvs", lambda config: own)
-    assert backends.traffic_kernel(Backend(FakeKernel(), IPVS, "test"), Config()) is own
+    """A generic-netlink connection of its own that opens nothing else (no dummy device,
+    no address-event subscription left unread)."""
+    from ipvsproxy.netlink import kernel as netlink_kernel
+
+    opened: list[str] = []
+
+    class Genl:
+        def __init__(self) -> None:
+            opened.append("genl")
+
+    monkeypatch.setattr(netlink_kernel, "GenlSocket", Genl)
+    monkeypatch.setattr(netlink_kernel, "DummyDevice", lambda name: opened.append(name))
+    reader = backends.traffic_kernel(Backend(FakeKernel(), IPVS, "test"))
+    assert isinstance(reader, netlink_kernel.CounterReader)
+    assert opened == ["genl"]
 
 
 def test_a_failed_reading_gives_no_series_and_is_counted_once_in_the_log(caplog):
@@ -413,7 +425,7 @@ def test_the_agent_wires_the_reader_the_names_and_the_slow_route(monkeypatch, tm
     monkeypatch.setattr(agent, "open_backend", open_backend)
     monkeypatch.setattr(agent, "prepare", lambda backend, config: None)
     monkeypatch.setattr(agent, "remove_leftovers", lambda backend, config: [])
-    monkeypatch.setattr(backends, "traffic_kernel", lambda backend, config: own)
+    monkeypatch.setattr(backends, "traffic_kernel", lambda backend: own)
     objects = [node("node-a"), service("web"), slice_("web", endpoints=[ep("10.244.0.1")])]
     path = tmp_path / "objects.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))

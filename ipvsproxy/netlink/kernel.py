@@ -95,16 +95,7 @@ class NetlinkKernel:
         return {rs.key: (active, inactive) for rs, active, inactive in self.destinations(key)}
 
     def traffic(self) -> dict[VSKey, Traffic]:
-        """Counters of every virtual server ipvsproxy can model and of its destinations: the
-        same dumps as observe(), their statistics decoded."""
-        chunks = self._genl.dump_raw(codec.CMD_GET_SERVICE)
-        found = filter(None, map(codec.decode_service_traffic, codec.dumped(chunks)))
-        out: dict[VSKey, Traffic] = {}
-        for key, counters in found:
-            dumped = codec.dumped(self._genl.dump_raw(codec.CMD_GET_DEST, codec.service_nest(key)))
-            af = codec.family_af(key)
-            out[key] = Traffic(counters, dict(codec.decode_dest_traffic(p, af) for p in dumped))
-        return out
+        return read_traffic(self._genl)
 
     # ---- apply --------------------------------------------------------------------------
 
@@ -177,3 +168,31 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def read_traffic(genl: GenlSocket) -> dict[VSKey, Traffic]:
+    """Counters of every virtual server ipvsproxy can model and of its destinations: the
+    same dumps as observe(), their statistics decoded."""
+    chunks = genl.dump_raw(codec.CMD_GET_SERVICE)
+    found = filter(None, map(codec.decode_service_traffic, codec.dumped(chunks)))
+    out: dict[VSKey, Traffic] = {}
+    for key, counters in found:
+        dumped = codec.dumped(genl.dump_raw(codec.CMD_GET_DEST, codec.service_nest(key)))
+        af = codec.family_af(key)
+        out[key] = Traffic(counters, dict(codec.decode_dest_traffic(p, af) for p in dumped))
+    return out
+
+
+class CounterReader:
+    """A generic-netlink connection that reads the IPVS counters and nothing else (what
+    traffic.TrafficReader opens): no dummy device, so no address-event subscription that
+    nobody reads."""
+
+    def __init__(self) -> None:
+        self._genl = GenlSocket()
+
+    def traffic(self) -> dict[VSKey, Traffic]:
+        return read_traffic(self._genl)
+
+    def close(self) -> None:
+        self._genl.close()
