@@ -375,7 +375,7 @@ def test_promql_metric_names_are_parsed_out_of_expressions():
 
 
 def test_the_dashboard_queries_only_metrics_the_agent_exports():
-    """The dashboard cannot drift from metrics.py: every metric name in every panel's
+    """The dashboard cannot drift from the metrics package: every metric name in every panel's
     PromQL is one a rendered registry holds."""
     exported = rendered_names()
     for panel in queried(dashboard()):

@@ -21,7 +21,8 @@ from ipvsproxy.backends import IPTABLES, IPVS, Backend
 from ipvsproxy.cli import main
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.metrics import Metrics, ServiceTraffic
+from ipvsproxy.metrics import Metrics
+from ipvsproxy.metrics.service_traffic import ServiceTraffic
 from ipvsproxy.model import (
     AddService,
     Counters,
