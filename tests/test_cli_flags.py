@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from ipvsproxy import agent, kpconfig
 from ipvsproxy.cli import main
-from ipvsproxy.cli.options import IGNORED, KUBE_PROXY, LOGGING
+from ipvsproxy.cli.help import IGNORED, KUBE_PROXY, LOGGING
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples"

@@ -19,35 +19,32 @@ from typing import Any
 import click
 
 from ipvsproxy import __version__, agent, logs
+from ipvsproxy.cli.help import KUBE_PROXY, OWN, Group, SectionOption, kube_proxy_flag, option
 from ipvsproxy.cli.options import (
     EXIT_FAILED_OPS,
-    KUBE_PROXY,
-    OWN,
-    Group,
-    SectionOption,
-    apply_logging,
-    conntrack_config,
     conntrack_options,
     duration,
     errors_to_exit,
-    flag,
-    from_config_file,
     http_options,
     ignored_flag_options,
-    kube_proxy_flag,
     kube_proxy_options,
     log_format_option,
     log_level_option,
     logging_options,
-    make_config,
-    make_source,
     node_options,
     once_options,
-    option,
-    ownership_config,
     ownership_options,
-    run_config,
     source_options,
+)
+from ipvsproxy.cli.settings import (
+    apply_logging,
+    conntrack_config,
+    flag,
+    from_config_file,
+    make_config,
+    make_source,
+    ownership_config,
+    run_config,
 )
 from ipvsproxy.cli.status_command import status
 from ipvsproxy.config import Config, parse_scheduler

@@ -1,7 +1,8 @@
 """`ipvsproxy status`: what this node's proxy does for each Service and why (docs/status.md),
 read from the running agent's /status, or computed as `diff` does when none answers.
 
-Imports: click (only in ipvsproxy.cli), agent, status, cli.options, errors.
+Imports: click (only in ipvsproxy.cli), agent, status, cli.help, cli.settings, cli.options,
+errors.
 """
 
 from __future__ import annotations
@@ -15,23 +16,15 @@ from typing import Any
 import click
 
 from ipvsproxy import agent, logs
+from ipvsproxy.cli.help import HTTP, OWN, Command, SectionArgument, option
 from ipvsproxy.cli.options import (
-    HTTP,
-    OWN,
-    Command,
-    SectionArgument,
-    _is_ip,
     errors_to_exit,
-    flag,
-    from_config_file,
     kube_proxy_options,
     logging_options,
-    make_config,
-    make_source,
     node_options,
-    option,
     source_options,
 )
+from ipvsproxy.cli.settings import _is_ip, flag, from_config_file, make_config, make_source
 from ipvsproxy.config import (
     Config,
     parse_duration,
