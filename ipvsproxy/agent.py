@@ -316,9 +316,13 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     # good: the source is opened first, so a missing or malformed kubeconfig (or unreadable
     # manifests) fails with the node untouched. Reaching the API is not required: the
     # watchers retry that, and a node keeps its rules while the API server is down.
-    start_sources, close_source = _open_source(source, config, tracker, stop, metrics)
     halt = _halter(fatal, stop, runners)
     with ExitStack() as stack:
+        # The health port answers from the first moment (/livez: alive; /readyz: 503 until
+        # the first full pass): a start-up that waits (an API server out of reach, a slow
+        # node) must not look dead to the kubelet's liveness probe.
+        stack.callback(_serve_health(config, health).close)
+        start_sources, close_source = _open_source(source, config, tracker, stop, metrics)
         stack.callback(close_source)
         stack.callback(stop.set)  # the watchers end with the agent, whatever stops it
         # The lists go out now, while the node is prepared: reading the API and preparing
@@ -367,11 +371,10 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             config=config,
         )
         slow = _service_metrics(config, metrics, traffic_reader, backend.name, agent_loop)
-        servers = _serve(
-            config, metrics.render, health, mode=backend.name, in_thread=slow, status=status
+        server = _serve_metrics(
+            config, metrics.render, mode=backend.name, in_thread=slow, status=status
         )
-        cleanups: list[Callable[[], object]] = [server.close for server in servers]
-        cleanups.append(service_health.close)
+        cleanups: list[Callable[[], object]] = [server.close, service_health.close]
 
         try:
             with _signals(halt, resync=agent_loop.resync):
@@ -463,21 +466,21 @@ def _service_metrics(
     return True
 
 
-def _serve(
+def _serve_metrics(
     config: Config,
     metrics: Callable[[], bytes],
-    health: Health,
     *,
     mode: str,
     in_thread: bool = False,
     status: InThread | None = None,
-) -> list[HttpServer]:
-    """The metrics port (/metrics, /proxyMode as kube-proxy answers it: the backend in use,
-    `ipvs` or `iptables`, and `status`'s /status) and the health port (/healthz, /livez).
-    `in_thread`: /metrics
-    reads the kernel (--service-metrics), so it is rendered in the `http-slow` worker while
-    the event loop goes on answering the probes."""
-    from ipvsproxy.serve import HttpServer, InThread, Route
+) -> HttpServer:
+    """The metrics port: /metrics, /proxyMode as kube-proxy answers it (the backend in use,
+    `ipvs` or `iptables`) and `status`'s /status, answered to the node's loopback only
+    unless --status-remote (it shows every Service, endpoint, pod and node: what RBAC would
+    refuse an anonymous client; the port itself is scraped from other hosts). `in_thread`:
+    /metrics reads the kernel (--service-metrics), so it is rendered in the `http-slow`
+    worker while the event loop goes on answering the probes."""
+    from ipvsproxy.serve import HttpServer, InThread, LoopbackOnly, Route
 
     text = "text/plain; version=0.0.4; charset=utf-8"
     plain = "text/plain; charset=utf-8"
@@ -485,23 +488,21 @@ def _serve(
     def render() -> tuple[int, str, bytes]:
         return 200, text, metrics()
 
-    routes: dict[str, Route | InThread] = {
+    routes: dict[str, Route | InThread | LoopbackOnly] = {
         "/metrics": InThread(render) if in_thread else render,
         "/proxyMode": lambda: (200, plain, mode.encode()),
     }
     if status is not None:
-        routes[STATUS_PATH] = status
-    servers = [HttpServer(config.metrics_bind_address, routes)]
-    try:
-        servers.append(
-            HttpServer(
-                config.healthz_bind_address, {"/healthz": health.healthz, "/livez": health.livez}
-            )
-        )
-    except ConfigError:
-        servers[0].close()
-        raise
-    return [server.start() for server in servers]
+        routes[STATUS_PATH] = status if config.status_remote else LoopbackOnly(status)
+    return HttpServer(config.metrics_bind_address, routes).start()
+
+
+def _serve_health(config: Config, health: Health) -> HttpServer:
+    """The health port: kube-proxy's /healthz and /livez, and /readyz (serve.Health)."""
+    from ipvsproxy.serve import HttpServer
+
+    routes = {"/healthz": health.healthz, "/livez": health.livez, "/readyz": health.readyz}
+    return HttpServer(config.healthz_bind_address, routes).start()
 
 
 def _open_source(
@@ -644,10 +645,31 @@ def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True, force: bool = F
         return backends.cleanup(config, dry_run=False, ipvs=ipvs)
 
 
-def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:
-    """Remove (or list) what kube-proxy's IPVS mode left (kpcleanup.py)."""
-    from ipvsproxy.kpcleanup import cleanup_kube_proxy as remove
+class NotServed(IpvsproxyError):
+    """`cleanup --kube-proxy` before this node's agent has taken the node over."""
 
+
+def cleanup_kube_proxy(
+    config: Config, *, dry_run: bool, ipvs: bool, force: bool = False
+) -> list[str]:
+    """Remove (or list) what kube-proxy left (kpcleanup.py). Only once the agent on this
+    node (its health port, `config.healthz_bind_address`) answers /readyz: until its first
+    full pass it has not read kube-proxy's table nor written its own rules, and kube-proxy's
+    are what serves the node. `NotServed` naming what it waits for, unless `force` (then a
+    warning). A dry run asks nothing."""
+    from ipvsproxy.kpcleanup import cleanup_kube_proxy as remove
+    from ipvsproxy.status.client import agent_url, waiting_for
+
+    if not dry_run:
+        url = agent_url(*config.healthz_bind_address)
+        waiting = waiting_for(url)
+        if waiting is not None and not force:
+            raise NotServed(
+                f"ipvsproxy on this node is not serving it yet (waiting for {waiting}): "
+                f"kube-proxy's rules stay until {url}/readyz answers 200; --force removes them"
+            )
+        if waiting is not None:
+            log.warning("cleanup --kube-proxy --force: the agent waits for %s", waiting)
     return remove(config, dry_run=dry_run, ipvs=ipvs)
 
 

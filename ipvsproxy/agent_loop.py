@@ -109,6 +109,8 @@ class AgentLoop:
     def _ready(self) -> bool:
         """Whether every required kind has listed (said once each way in the log)."""
         if not self._tracker.synced():
+            unlisted = ", ".join(f"{kind}s" for kind in sorted(self._tracker.unlisted()))
+            self._health.waiting(f"the first list of {unlisted} from the API")
             if not self._waiting_logged:
                 log.info("waiting for Services and EndpointSlices to be listed before any sync")
                 self._waiting_logged = True
@@ -116,6 +118,7 @@ class AgentLoop:
         if self._waiting_logged is not None:
             counts = ", ".join(f"{n} {kind}s" for kind, n in sorted(self._tracker.counts().items()))
             log.info("listed %s: first sync", counts)
+            self._health.waiting(f"the first full pass (listed {counts})")
             self._waiting_logged = None
         return True
 
@@ -225,9 +228,16 @@ class AgentLoop:
             log.error("sync failed: the backend refused the pass, nothing of it was written: %s",
                       refused, extra={"error": refused})  # fmt: skip
         if result.firewall_error or refused:
+            self._not_served(f"firewall rules: {result.firewall_error}" if result.firewall_error
+                             else f"the backend refused the pass: {refused}")  # fmt: skip
             return True
-        self._health.updated()
+        self._health.updated(full=result.full)
         return False
+
+    def _not_served(self, failure: str) -> None:
+        """Before the node is served (/readyz), what the last failed pass said."""
+        if not self._health.served:
+            self._health.waiting(f"a full pass to complete; the last one failed: {failure}")
 
     def _listen_on(self) -> tuple[IPAddress, ...]:
         """Where health-check node ports listen: kube-proxy's nodePortAddresses when they
@@ -243,6 +253,7 @@ class AgentLoop:
         counted and timed (kube-proxy times every pass, however it ends), the next pass full
         (what the kernel holds is unknown), retried soon."""
         log.error("%s", message, exc_info=traceback)
+        self._not_served(message)
         self._metrics.sync_error(seconds=self._clock() - started, full=full)
         self.request_full()
         self._failed_passes += 1

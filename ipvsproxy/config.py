@@ -70,6 +70,8 @@ class Config:
     service_metrics: bool = False
     endpoint_metrics: bool = False  # and per endpoint (needs service_metrics)
     service_metrics_max_series: int = DEFAULT_SERVICE_METRICS_MAX_SERIES
+    # /status to clients on other hosts too (off: the node's loopback only)
+    status_remote: bool = False
 
     @property
     def retry(self) -> Backoff:

@@ -1,8 +1,10 @@
-"""The agent's HTTP endpoints: health (`/healthz`, `/livez`) and Prometheus `/metrics`.
+"""The agent's HTTP endpoints: health (`/healthz`, `/livez`, `/readyz`) and Prometheus `/metrics`.
 
 Owns: `Health` (kube-proxy's meaning: unhealthy when a queued sync has not completed within
-2 x the sync period; /healthz also when this node is not eligible), `HttpServer` (a small
-event-driven server for a few fixed routes, or any path), and `parse_bind_address`.
+2 x the sync period; /healthz also when this node is not eligible; /readyz also until the
+first full pass has completed: "this node is served"), `HttpServer` (a small event-driven
+server for a few fixed routes, or any path; a route may be `LoopbackOnly`), and
+`parse_bind_address`.
 
 Every `HttpServer` of the process (the health and metrics ports, every health-check node
 port) runs on one asyncio event loop in one daemon thread: a client costs a descriptor and a
@@ -54,6 +56,34 @@ class InThread:
     query: bool = False  # the route is called with the request's query string ("" if none)
 
 
+@dataclass(frozen=True, slots=True)
+class LoopbackOnly:
+    """A route answered only to clients on this host's loopback (127.0.0.0/8, ::1, and
+    IPv4-mapped loopback on a dual-stack socket); any other client gets 403. For what RBAC
+    would not show an anonymous client (`/status`: every Service, endpoint, pod and node)
+    on a port that also serves others (the metrics port, scraped from other hosts)."""
+
+    route: Route | InThread
+
+
+FORBIDDEN: Headed = (
+    403,
+    "text/plain; charset=utf-8",
+    b"forbidden: this path answers clients on the node's loopback only\n",
+    {},
+)
+
+
+def is_loopback(peer: str) -> bool:
+    """Whether a peer address (as `getpeername()` gives it) is this host's loopback."""
+    try:
+        address = ip_address(peer.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
 JSON_HEADERS = {"X-Content-Type-Options": "nosniff"}  # as kube-proxy's health answers
 
 
@@ -62,7 +92,14 @@ class Health:
     sync queued has not completed within `timeout`; `/healthz` also needs this node to be
     eligible (its Node object there, not being deleted, not tainted for deletion by the
     cluster autoscaler), `/livez` only the timing. `on_answer(path, code)` counts answers
-    (kubeproxy_proxy_healthz_total / _livez_total)."""
+    (kubeproxy_proxy_healthz_total / _livez_total).
+
+    `/readyz` is ipvsproxy's own: 503 until a full pass has completed since start (after
+    every kind was listed, and so after a table kube-proxy left was read and taken over),
+    then /healthz's answer. kube-proxy's /healthz is 200 while it starts ("healthy while
+    starting up"), right for a load balancer's health check and wrong for a readiness that
+    a migration waits on before removing kube-proxy's rules. `waiting()` says why it is
+    not ready yet (in the body, for `cleanup --kube-proxy` to name)."""
 
     def __init__(
         self,
@@ -79,6 +116,8 @@ class Health:
         self._updated: float | None = None
         # eligible while starting, until the Node is known to say otherwise (kube-proxy)
         self._eligible = True
+        self._served = False  # a full pass has completed since start (/readyz)
+        self._waiting = "starting: no full pass has completed yet"
         self.detail: dict[str, object] = {}  # e.g. the backend in use and why
 
     def queued(self) -> None:
@@ -86,10 +125,22 @@ class Health:
             if self._queued is None:
                 self._queued = self._clock()
 
-    def updated(self) -> None:
+    def updated(self, *, full: bool = False) -> None:
+        """A pass completed; a `full` one makes this node served (/readyz)."""
         with self._lock:
             self._updated = self._clock()
             self._queued = None
+            self._served = self._served or full
+
+    def waiting(self, reason: str) -> None:
+        """What the agent waits for before its first full pass (shown by /readyz)."""
+        with self._lock:
+            self._waiting = reason
+
+    @property
+    def served(self) -> bool:
+        with self._lock:
+            return self._served
 
     def node_eligible(self, eligible: bool) -> None:
         with self._lock:
@@ -126,6 +177,17 @@ class Health:
     def livez(self) -> Headed:
         healthy, body = self.status()
         return self._answer("/livez", healthy, body)
+
+    def readyz(self) -> Headed:
+        healthy, body = self.status()
+        with self._lock:
+            eligible, served, waiting = self._eligible, self._served, self._waiting
+        ready = served and healthy and eligible
+        body = {**body, "nodeEligible": eligible, "healthy": healthy and eligible}
+        body["ready"] = ready
+        if not served:
+            body["waitingFor"] = waiting
+        return self._answer("/readyz", ready, body)
 
     def _answer(self, path: str, healthy: bool, body: dict[str, object]) -> Headed:
         code = 200 if healthy else 503
@@ -188,7 +250,7 @@ class HttpServer:
     def __init__(
         self,
         address: tuple[str, int],
-        routes: Mapping[str, Route | InThread],
+        routes: Mapping[str, Route | InThread | LoopbackOnly],
         *,
         request_timeout: float = 5.0,
         max_head: int = MAX_HEAD,
@@ -241,14 +303,14 @@ class HttpServer:
         connections from dropping a probe's SYN (a second lost)."""
         for _ in range(ACCEPT_BATCH):
             try:
-                sock, _ = self._sock.accept()
+                sock, address = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # out of descriptors or memory: try again shortly
                 log.warning("http: cannot accept on port %d: %s", self.port, exc)
                 self._pause()
                 return
-            _Connection(self, sock)
+            _Connection(self, sock, address[0])
 
     def _pause(self) -> None:
         assert self._loop is not None
@@ -256,14 +318,19 @@ class HttpServer:
         self._loop.remove_reader(fd)
         self._loop.call_later(0.1, lambda: self._loop and self._loop.add_reader(fd, self._accept))
 
-    def answer(self, method: str, target: str) -> Headed | InThread:
-        """The reply to one request, computed in the event loop's thread, or the route that
-        computes it in the worker thread (`InThread`)."""
+    def answer(self, method: str, target: str, peer: str = "127.0.0.1") -> Headed | InThread:
+        """The reply to one request from `peer` (the client's address), computed in the
+        event loop's thread, or the route that computes it in the worker thread
+        (`InThread`)."""
         if method not in ("GET", "HEAD"):
             return 501, "text/plain", b"not implemented\n", {}
         route = self._routes.get(target.split("?", 1)[0]) or self._routes.get("*")
         if route is None:
             return 404, "text/plain", b"not found\n", {}
+        if isinstance(route, LoopbackOnly):
+            if not is_loopback(peer):
+                return FORBIDDEN
+            route = route.route
         if isinstance(route, InThread):
             return route
         return call(route, target)
@@ -344,10 +411,11 @@ class _Connection:
     line, then answered and the connection closed (no transport, no task: a few callbacks
     on the loop, so a burst of connections costs little)."""
 
-    def __init__(self, server: HttpServer, sock: socket.socket) -> None:
+    def __init__(self, server: HttpServer, sock: socket.socket, peer: str) -> None:
         self.server = server
         self.sock = sock
         self.fd = sock.fileno()
+        self.peer = peer  # the client's address
         self.head = bytearray()
         self.out = memoryview(b"")
         self.closed = False
@@ -383,7 +451,7 @@ class _Connection:
             self.reply("GET", (400, "text/plain", b"bad request\n", {}))
             return
         method, target, _ = parts
-        answer = self.server.answer(method, target)
+        answer = self.server.answer(method, target, self.peer)
         if not isinstance(answer, InThread):
             self.reply(method, answer)
             return

@@ -213,17 +213,15 @@ def test_the_metrics_port_answers_the_proxy_mode_as_kube_proxy(mode):
     import urllib.request
 
     from ipvsproxy.metrics import Metrics
-    from ipvsproxy.serve import Health
 
-    config = Config(metrics_bind_address=("127.0.0.1", 0), healthz_bind_address=("127.0.0.1", 0))
-    servers = agent._serve(config, Metrics().render, Health(timeout=60), mode=mode)
+    config = Config(metrics_bind_address=("127.0.0.1", 0))
+    server = agent._serve_metrics(config, Metrics().render, mode=mode)
     try:
-        url = f"http://127.0.0.1:{servers[0].port}/proxyMode"
+        url = f"http://127.0.0.1:{server.port}/proxyMode"
         with urllib.request.urlopen(url, timeout=5) as answer:
             assert answer.read().decode() == mode
     finally:
-        for server in servers:
-            server.close()
+        server.close()
 
 
 # ---- cleanup beside a running agent ------------------------------------------------------
@@ -268,3 +266,157 @@ def test_run_once_holds_the_node_lock_from_its_first_step(host, monkeypatch, tmp
         agent.run_once(CONFIG, manifest_paths=[manifest(tmp_path)])
     assert seen
     assert seen[0] is not None
+
+
+# ---- readiness: "this node is served" ----------------------------------------------------
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except urllib.error.URLError:  # nothing listens (yet)
+        return 0, {}
+
+
+def test_readyz_waits_for_the_first_full_pass_while_the_api_is_held_back(host, tmp_path):
+    """A restart with the API server out of reach: the health port answers from the first
+    moment (/livez and kube-proxy's /healthz 200: alive, "healthy while starting"), /readyz
+    503 naming what it waits for, until the lists arrive and a full pass has written the
+    table; at its first 200 the table is in the kernel."""
+    from ipvsproxy.agent import Cluster
+    from tests.kubeapi import ApiServer
+    from tests.support import eventually, free_port
+
+    api = ApiServer()
+    api.port = free_port()  # nothing listens there yet: the API is held back
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    api.put(node("node-a"))
+    api.put(service("web", cluster_ips=("10.96.0.10",)))
+    api.put(slice_("web", endpoints=[ep("10.244.0.5", node="node-a")]))
+    health = free_port()
+    config = Config(
+        node_name="node-a",
+        min_sync_period=0.0,
+        healthz_bind_address=("127.0.0.1", health),
+        metrics_bind_address=("127.0.0.1", free_port()),
+    )
+    stop = threading.Event()
+    run = threading.Thread(
+        target=agent.run, args=(config,), kwargs={"source": Cluster(kubeconfig), "stop": stop}
+    )
+    run.start()
+    try:
+        eventually(lambda: _get(health, "/livez")[0] == 200, 30, "/livez answers")
+        eventually(lambda: "open backend" in host.steps, 30, "the agent has started")
+        for _ in range(10):  # however long it waits
+            code, body = _get(health, "/readyz")
+            assert (code, body["ready"]) == (503, False)
+            assert _get(health, "/healthz")[0] == 200
+            time.sleep(0.05)
+        assert "Services" in body["waitingFor"]
+        assert "EndpointSlices" in body["waitingFor"]
+        assert host.kernel.state.services == {}
+        api.start()
+        eventually(lambda: _get(health, "/readyz")[0] == 200, 60, "/readyz turns 200")
+        assert len(host.kernel.state.services) == 1, "ready means the table is written"
+        assert _get(health, "/readyz")[1]["ready"] is True
+    finally:
+        stop.set()
+        run.join(30)
+        api.stop()
+    assert not run.is_alive()
+
+
+def test_cleanup_kube_proxy_refuses_until_the_agent_is_ready_unless_forced(monkeypatch, caplog):
+    """`cleanup --kube-proxy` asks this node's agent (/readyz on its health port) and
+    removes nothing until it answers 200: no agent, or one still waiting, is a refusal
+    naming what it waits for; --force removes with a warning; a dry run asks nothing."""
+    from ipvsproxy import kpcleanup
+    from ipvsproxy.serve import Health, HttpServer
+    from tests.support import free_port
+
+    removed: list[bool] = []
+
+    def remove(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:
+        removed.append(dry_run)
+        return ["chain KUBE-SERVICES"]
+
+    monkeypatch.setattr(kpcleanup, "cleanup_kube_proxy", remove)
+    config = Config(healthz_bind_address=("0.0.0.0", free_port()))
+    with pytest.raises(agent.NotServed, match="an ipvsproxy agent to answer at http://127.0.0.1"):
+        agent.cleanup_kube_proxy(config, dry_run=False, ipvs=False)
+    assert agent.cleanup_kube_proxy(config, dry_run=True, ipvs=False) == ["chain KUBE-SERVICES"]
+    assert removed == [True]
+
+    health = Health(timeout=60)
+    health.waiting("the first list of EndpointSlices from the API")
+    server = HttpServer(("127.0.0.1", config.healthz_bind_address[1]), {"/readyz": health.readyz})
+    server.start()
+    try:
+        with pytest.raises(agent.NotServed, match="waiting for the first list of EndpointSlices"):
+            agent.cleanup_kube_proxy(config, dry_run=False, ipvs=False)
+        assert removed == [True]
+        assert agent.cleanup_kube_proxy(config, dry_run=False, ipvs=False, force=True)
+        assert removed == [True, False]
+        assert any("--force" in r.message for r in caplog.records)
+        health.updated(full=False)  # a partial pass does not make the node served
+        with pytest.raises(agent.NotServed):
+            agent.cleanup_kube_proxy(config, dry_run=False, ipvs=False)
+        health.updated(full=True)
+        assert agent.cleanup_kube_proxy(config, dry_run=False, ipvs=False)
+        assert removed == [True, False, False]
+    finally:
+        server.close()
+
+
+def test_the_health_port_answers_while_the_start_up_steps_wait(host, monkeypatch, tmp_path):
+    """/livez from the first moment: opening the source and the backend (the kubernetes
+    client's and pyroute2's imports, modules loaded, a slow node) may take a minute under a
+    slow start; the kubelet's liveness probe must not kill the agent meanwhile."""
+    from ipvsproxy.agent import Manifests
+    from tests.support import eventually, free_port
+
+    opening = threading.Event()
+    release = threading.Event()
+    from ipvsproxy.backends import open_backend as real_open
+
+    @contextmanager
+    def slow_open(config: Config) -> Iterator[Backend]:
+        opening.set()
+        release.wait(30)
+        with real_open(config) as backend:
+            yield backend
+
+    monkeypatch.setattr(agent, "open_backend", slow_open)
+    health = free_port()
+    config = Config(
+        node_name="node-a",
+        healthz_bind_address=("127.0.0.1", health),
+        metrics_bind_address=("127.0.0.1", free_port()),
+    )
+    stop = threading.Event()
+    source = Manifests((manifest(tmp_path),))
+    run = threading.Thread(
+        target=agent.run, args=(config,), kwargs={"source": source, "stop": stop}
+    )
+    run.start()
+    try:
+        assert opening.wait(30)
+        assert _get(health, "/livez")[0] == 200
+        code, body = _get(health, "/readyz")
+        assert code == 503
+        assert body["waitingFor"]
+        release.set()
+        eventually(lambda: _get(health, "/readyz")[0] == 200, 30, "/readyz turns 200")
+    finally:
+        release.set()
+        stop.set()
+        run.join(30)
+    assert not run.is_alive()

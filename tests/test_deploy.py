@@ -246,7 +246,7 @@ def test_daemonset_runs_with_host_network_and_few_capabilities(name):
     assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
     assert agent_container["livenessProbe"]["httpGet"]["path"] == "/livez"
-    assert agent_container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert agent_container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = {e["name"]: e for e in agent_container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     (init,) = spec["initContainers"]

@@ -344,3 +344,71 @@ def test_a_slow_route_that_fails_gets_500():
 
     with serving(routes={"/slow": serve.InThread(broken)}) as server:
         assert exchange(server.port, b"GET /slow HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 500")
+
+
+# ---- /readyz and loopback-only routes ----------------------------------------------------
+
+
+def test_readyz_is_503_until_a_full_pass_then_answers_as_healthz():
+    health = serve.Health(timeout=10, clock=lambda: 100.0)
+    code, _, body, _ = health.readyz()
+    assert code == 503
+    assert b'"waitingFor": "starting' in body
+    assert health.healthz()[0] == 200  # kube-proxy's: healthy while starting up
+    health.waiting("the first list of Services from the API")
+    assert b"the first list of Services" in health.readyz()[2]
+    health.updated()  # a partial pass (a pass after a failed full one) is not enough
+    assert health.readyz()[0] == 503
+    health.updated(full=True)
+    code, _, body, _ = health.readyz()
+    assert code == 200
+    assert b'"ready": true' in body
+    assert b"waitingFor" not in body
+    health.node_eligible(False)  # then as /healthz: the node's eligibility counts
+    assert health.readyz()[0] == health.healthz()[0] == 503
+
+
+@pytest.mark.parametrize(
+    ("peer", "loopback"),
+    [("127.0.0.1", True), ("127.3.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+     ("192.0.2.2", False), ("::ffff:192.0.2.2", False), ("fe80::1%eth0", False), ("", False)],
+)  # fmt: skip
+def test_loopback_peers(peer, loopback):
+    assert serve.is_loopback(peer) is loopback
+
+
+def _own_addresses() -> list[str]:
+    """This host's non-loopback IPv4 addresses (none on a machine with only lo)."""
+    import subprocess
+
+    shown = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    found = [line.split()[3].split("/")[0] for line in shown.splitlines() if " lo " not in line]
+    return [a for a in found if not a.startswith("127.")]
+
+
+def test_a_loopback_only_route_answers_403_to_a_client_on_another_address():
+    """Served on every address (as the metrics port is), a LoopbackOnly route answers the
+    node's loopback and refuses a client reaching it on the node's own network address (a
+    pod or another host does); the other routes answer both."""
+    others = _own_addresses()
+    if not others:
+        pytest.skip("this host has no non-loopback address to connect from")
+    routes: dict[str, serve.Route | serve.LoopbackOnly] = {
+        "/status": serve.LoopbackOnly(lambda: (200, "text/plain", b"secret\n")),
+        "/metrics": lambda: (200, "text/plain", b"public\n"),
+    }
+    server = HttpServer(("0.0.0.0", 0), routes).start()
+    try:
+
+        def over(address: str, path: str) -> bytes:
+            with socket.create_connection((address, server.port), timeout=5) as sock:
+                sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+                return sock.makefile("rb").read()
+
+        assert over("127.0.0.1", "/status").startswith(b"HTTP/1.1 200")
+        refused = over(others[0], "/status")
+        assert refused.startswith(b"HTTP/1.1 403")
+        assert b"secret" not in refused
+        assert over(others[0], "/metrics").startswith(b"HTTP/1.1 200")
+    finally:
+        server.close()

@@ -321,8 +321,10 @@ def test_healthz_is_answered_at_once_while_metrics_read_a_slow_kernel(in_thread)
     reader = TrafficReader(lambda: kernel)
     metrics.service_traffic(lambda: reader.read().traffic, endpoints=False, max_series=100)
     config = Config(metrics_bind_address=("127.0.0.1", 0), healthz_bind_address=("127.0.0.1", 0))
-    servers = agent._serve(config, metrics.render, Health(timeout=60), mode="ipvs",
-                           in_thread=in_thread)  # fmt: skip
+    servers = [
+        agent._serve_metrics(config, metrics.render, mode="ipvs", in_thread=in_thread),
+        agent._serve_health(config, Health(timeout=60)),
+    ]
     try:
         answers: list[bytes] = []
         scrape = threading.Thread(
@@ -362,10 +364,10 @@ def test_the_metrics_route_is_in_thread_only_with_the_flag(monkeypatch):
     from ipvsproxy import serve
 
     monkeypatch.setattr(serve, "HttpServer", Server)
-    agent._serve(Config(), lambda: b"", Health(timeout=60), mode="ipvs")
+    agent._serve_metrics(Config(), lambda: b"", mode="ipvs")
     assert not isinstance(routes[0]["/metrics"], InThread)
-    agent._serve(Config(), lambda: b"", Health(timeout=60), mode="ipvs", in_thread=True)
-    assert isinstance(routes[2]["/metrics"], InThread)
+    agent._serve_metrics(Config(), lambda: b"", mode="ipvs", in_thread=True)
+    assert isinstance(routes[1]["/metrics"], InThread)
 
 
 # ---- the flags ------------------------------------------------------------------------

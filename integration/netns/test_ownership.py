@@ -117,7 +117,7 @@ def test_cleanup_reads_comments_as_comments(netns: str) -> None:
     """Before, the DROP rule was taken for a jump and deleted (opening the firewall), and
     the real jump was missed: CHAIN_DEL busy, exit 2."""
     in_ns(netns, "iptables-restore", "--noflush", stdin=FILTER)
-    in_ns(netns, IPVSPROXY, "cleanup", "--kube-proxy")
+    in_ns(netns, IPVSPROXY, "cleanup", "--kube-proxy", "--force")  # no agent here
     rules = save(netns, "filter")
     assert '-A INPUT -s 192.0.2.0/24 -m comment --comment "-j KUBE-FORWARD via" -j DROP' in rules
     assert "KUBE-FORWARD -" not in rules.replace('"-j KUBE-FORWARD via"', "")

@@ -49,6 +49,7 @@ from ipvsproxy.cli.settings import (
 from ipvsproxy.cli.status_command import status
 from ipvsproxy.config import Config, parse_scheduler
 from ipvsproxy.errors import ConfigError, IpvsproxyError
+from ipvsproxy.serve import parse_bind_address
 from ipvsproxy.sync.render import render_text, to_json
 
 
@@ -243,7 +244,17 @@ def cleanup_lines(removed: list[str], *, dry_run: bool, whose: str) -> list[str]
     section=OWN,
     is_flag=True,
     help="Remove ipvsproxy's objects even while an agent runs on this node (it writes them "
-    "again on its next pass); without it, cleanup refuses then (exit 2).",
+    "again on its next pass), or kube-proxy's before this node's agent is ready; without "
+    "it, cleanup refuses then (exit 2).",
+)
+@option(
+    "--healthz-bind-address",
+    section=OWN,
+    default="0.0.0.0:10256",
+    show_default=True,
+    metavar="ADDR:PORT",
+    help="With --kube-proxy: where this node's agent serves /readyz (its own "
+    "--healthz-bind-address); kube-proxy's rules are removed only once it answers 200.",
 )
 @ownership_options
 @logging_options
@@ -254,6 +265,7 @@ def cleanup(
     including_ipvs: bool,
     keep_ipvs: bool,
     force: bool,
+    healthz_bind_address: str,
     **opts: Any,
 ) -> None:
     """Remove everything ipvsproxy owns, in both backends, and nothing else.
@@ -263,16 +275,21 @@ def cleanup(
     chains (IPVSPX-*) and the jumps into them. With --kube-proxy: kube-proxy's leftovers
     instead; the migration (docs/migration.md) uses both. While an ipvsproxy agent runs in
     this network namespace, cleanup of ipvsproxy's own objects refuses (exit 2, naming it)
-    unless --force; --dry-run and --kube-proxy run beside it. Exit status: 0 done, 2 error.
+    unless --force; --dry-run and --kube-proxy run beside it. --kube-proxy refuses (exit 2,
+    naming what the agent waits for) until this node's agent answers /readyz, unless
+    --force. Exit status: 0 done, 2 error.
     """
     apply_logging(opts)
     if including_ipvs and not kube_proxy:
         raise ConfigError("--including-ipvs goes with --kube-proxy")
     if keep_ipvs and kube_proxy:
         raise ConfigError("--keep-ipvs is for ipvsproxy's own rules, not with --kube-proxy")
-    config = Config(**ownership_config(opts))
+    healthz = parse_bind_address(healthz_bind_address, option="--healthz-bind-address")
+    config = Config(**ownership_config(opts), healthz_bind_address=healthz)
     if kube_proxy:
-        removed = agent.cleanup_kube_proxy(config, dry_run=dry_run, ipvs=including_ipvs)
+        removed = agent.cleanup_kube_proxy(
+            config, dry_run=dry_run, ipvs=including_ipvs, force=force
+        )
         whose = "kube-proxy's"
     else:
         removed = agent.cleanup(config, dry_run=dry_run, ipvs=not keep_ipvs, force=force)

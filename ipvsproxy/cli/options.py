@@ -407,7 +407,7 @@ def http_options(func: F) -> F:
             default="0.0.0.0:10256",
             show_default=True,
             metavar="ADDR[:PORT]",
-            help="Where /healthz and /livez are served.",
+            help="Where /healthz, /livez and /readyz are served.",
         ),
         option(
             "--metrics-port",
@@ -438,6 +438,13 @@ def http_options(func: F) -> F:
             section=HTTP,
             is_flag=True,
             help="With --service-metrics: the same per endpoint.",
+        ),
+        option(
+            "--status-remote",
+            section=HTTP,
+            is_flag=True,
+            help="Answer /status (every Service, endpoint, pod and node) to clients on other "
+            "hosts too; without it, only to the node's loopback (`ipvsproxy status`).",
         ),
         option(
             "--service-metrics-max-series",

@@ -264,7 +264,7 @@ def run_config(opts: dict[str, Any]) -> Config:
 
 
 def service_metrics_config(opts: dict[str, Any]) -> dict[str, Any]:
-    """The `Config` fields of the traffic metrics' options (popped from `opts`)."""
+    """The `Config` fields of the metrics port's own options (popped from `opts`)."""
     service, endpoint = opts.pop("service_metrics"), opts.pop("endpoint_metrics")
     if endpoint and not service:
         raise ConfigError("--endpoint-metrics needs --service-metrics")
@@ -272,6 +272,7 @@ def service_metrics_config(opts: dict[str, Any]) -> dict[str, Any]:
         "service_metrics": service,
         "endpoint_metrics": endpoint,
         "service_metrics_max_series": opts.pop("service_metrics_max_series"),
+        "status_remote": opts.pop("status_remote"),
     }
 
 

@@ -253,8 +253,12 @@ class Metrics:
             self.last_queued.labels(family).set(self._clock())
 
     def health_answered(self, path: str, code: int) -> None:
-        """One answer of the health server (`/healthz`, else `/livez`)."""
-        (self.healthz_answered if path == "/healthz" else self.livez_answered)(code)
+        """One answer of the health server: kube-proxy's counters for `/healthz` and
+        `/livez`; `/readyz` (ipvsproxy's own) is not counted."""
+        if path == "/healthz":
+            self.healthz_answered(code)
+        elif path == "/livez":
+            self.livez_answered(code)
 
     def healthz_answered(self, code: int) -> None:
         """kube-proxy's kubeproxy_proxy_healthz_total{code}: one /healthz answer."""

@@ -1,7 +1,8 @@
-"""The CLI's side of `/status`: find the agent, ask it, check what it answers.
+"""The CLI's side of the agent's endpoints: find the agent, ask it, check what it answers.
 
-Owns: `agent_url()` (the metrics bind address as a URL a local client can reach), `fetch()`
-and `AgentUnreachable`. No proxy is used (the agent is on this host), the answer is bounded
+Owns: `agent_url()` (a bind address as a URL a local client can reach), `fetch()` (the
+`/status` document), `waiting_for()` (what `/readyz` says the agent still waits for) and
+`AgentUnreachable`. No proxy is used (the agent is on this host), the answer is bounded
 (`MAX_BODY`) and must be a Status document of this apiVersion.
 
 Imports: status.document, errors, the standard library.
@@ -63,3 +64,29 @@ def fetch(url: str, selector: Selector | None, *, timeout: float = 10.0) -> dict
     if not isinstance(doc, dict) or (doc.get("apiVersion"), doc.get("kind")) != (API_VERSION, KIND):
         raise IpvsproxyError(f"{target}: not a {API_VERSION} {KIND} document")
     return doc
+
+
+def waiting_for(url: str, *, timeout: float = 5.0) -> str | None:
+    """None when the agent at `url` (its health port) answers `/readyz` with 200: a full
+    pass has completed since it started, so this node is served by it. Else what it waits
+    for, in words (the agent's own `waitingFor`, or why nothing answered)."""
+    target = url.rstrip("/") + "/readyz"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(target, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read(64 * 1024))
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        if "waitingFor" in body:
+            return str(body["waitingFor"])
+        if body.get("nodeEligible") is False:
+            return "this node to be eligible (its Node object is missing or being deleted)"
+        return f"its passes to complete on time ({target} answers {exc.code})"
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"an ipvsproxy agent to answer at {target} ({reason})"

@@ -205,6 +205,11 @@ class Tracker:
         with self._lock:
             return self._required <= self._listed
 
+    def unlisted(self) -> frozenset[str]:
+        """The required kinds whose first list has not arrived yet."""
+        with self._lock:
+            return frozenset(self._required - self._listed)
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             counts = {SERVICE: len(self._services), SLICE: len(self._slices)}

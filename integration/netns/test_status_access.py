@@ -1,0 +1,105 @@
+"""Who may read the agent's /status: with the shipped DaemonSet's addresses (metrics on
+0.0.0.0:10249, so that a PodMonitor scrapes it from another host) another host reaches
+/metrics but gets 403 for /status (every Service, endpoint, pod and node of the cluster:
+what RBAC would refuse an anonymous client), while `ipvsproxy status` on the node (the pod's
+own loopback) reads it; `--status-remote` opens it to other hosts. Two throw-away namespaces
+joined by a veth pair: the node (the agent, the iptables fallback) and another host."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from integration.lab import IPVSPROXY, inside
+from tests.factories import ep, node, service, slice_
+from tests.support import eventually
+from tests.test_deploy import pod_spec
+
+pytestmark = pytest.mark.netns
+NODE_IP, OTHER_IP = "10.250.6.1", "10.250.6.2"
+
+
+def shipped_addresses() -> list[str]:
+    """The DaemonSet's own --metrics-bind-address and --healthz-bind-address flags."""
+    (container,) = pod_spec("standalone")["containers"]
+    return [a for a in container["args"] if a.startswith(("--metrics-bind", "--healthz-bind"))]
+
+
+@pytest.fixture
+def other_host() -> Iterator[str]:
+    name = f"ipvsp-o{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+def link(node_ns: str, other: str) -> None:
+    for ns, args in ((node_ns, ["link", "set", "lo", "up"]),
+                     (node_ns, ["link", "add", "node0", "type", "veth", "peer", "name", "out0",
+                                "netns", other]),
+                     (node_ns, ["addr", "add", f"{NODE_IP}/24", "dev", "node0"]),
+                     (node_ns, ["link", "set", "node0", "up"]),
+                     (other, ["addr", "add", f"{OTHER_IP}/24", "dev", "out0"]),
+                     (other, ["link", "set", "out0", "up"])):  # fmt: skip
+        subprocess.run(["ip", "-n", ns, *args], check=True)
+
+
+def get(ns: str, address: str, path: str) -> bytes:
+    with inside(ns), socket.create_connection((address, 10249), timeout=5) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+        return sock.makefile("rb").read()
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["shipped", "status-remote"])
+def test_status_answers_the_node_only_unless_opened(netns, other_host, tmp_path: Path, remote):
+    link(netns, other_host)
+    flags = shipped_addresses()
+    assert "--metrics-bind-address=0.0.0.0:10249" in flags
+    manifest = tmp_path / "cluster.yaml"
+    manifest.write_text(yaml.safe_dump_all([
+        node(addresses=(NODE_IP,)), service("web"), slice_("web", endpoints=[ep("10.244.0.5")]),
+    ]))  # fmt: skip
+    log_path = tmp_path / "agent.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", netns, IPVSPROXY, "run", "--manifests", str(manifest),
+             "--hostname-override", "node-a", "--backend", "iptables", *flags,
+             *(["--status-remote"] if remote else [])],
+            stdout=log, stderr=log,
+        )  # fmt: skip
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                return get(netns, "127.0.0.1", "/status").startswith(b"HTTP/1.1 200")
+            except OSError:
+                return False
+
+        eventually(up, 60, "the agent serves /status on the node", interval=0.2)
+        assert get(other_host, NODE_IP, "/metrics").startswith(b"HTTP/1.1 200")
+        answer = get(other_host, NODE_IP, "/status")
+        if remote:
+            assert answer.startswith(b"HTTP/1.1 200")
+            assert b"default" in answer
+        else:
+            assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+            assert b"web" not in answer
+            assert b"10.244.0.5" not in answer
+        # the node itself (`kubectl exec ... ipvsproxy status` in the pod)
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns, IPVSPROXY, "status", "default/web"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "120"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "10.244.0.5" in done.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
