@@ -76,6 +76,15 @@ def probe(port: int, path: str = "/healthz", *, timeout: float = 2.0) -> float:
     return time.monotonic() - started if ok else timeout
 
 
+HOLD = 120.0  # seconds a slow client may hold its request open in the tests below
+PROBE_DEADLINE = 30.0  # generous for a loaded machine, and far below HOLD
+
+
+def answered(port: int, path: str = "/healthz", *, timeout: float = PROBE_DEADLINE) -> bool:
+    """Whether one GET on a new connection is answered 200 within `timeout`."""
+    return probe(port, path, timeout=timeout) < timeout
+
+
 def p99(samples: list[float]) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -141,12 +150,16 @@ def _descriptors():
 # ---- under abuse -------------------------------------------------------------------------
 
 
-def test_healthz_answers_within_100_ms_p99_while_200_slow_clients_trickle():
-    """The issue's attack: 10 such clients took today's /healthz to 2.4-3.95 s (8 threads)."""
-    with serving() as server, Tricklers(server.port, SLOW_CLIENTS):
+def test_healthz_is_answered_while_200_slow_clients_hold_their_requests_open():
+    """The slow-client attack: 10 such clients took a thread-per-connection /healthz (8
+    threads) to 2.4-3.95 s. Here the slow clients may hold their requests for HOLD seconds:
+    a server that served them before the probes (one at a time, or from a pool they fill)
+    would answer no probe until they are cut. Every probe is answered while none of them has
+    been cut yet. How fast is a benchmark: bench/http_abuse.py, docs/performance.md."""
+    with serving(request_timeout=HOLD) as server, Tricklers(server.port, SLOW_CLIENTS) as slow:
         time.sleep(0.5)  # every slow client connected and trickling
-        latencies = [probe(server.port) for _ in range(300)]
-    assert p99(latencies) < 0.1, sorted(latencies)[-5:]
+        assert all(answered(server.port) for _ in range(100))  # stops at the first miss
+        assert slow.cut == 0, "a slow client was cut: the probes were not answered beside them"
 
 
 def test_threads_do_not_grow_with_clients():
@@ -178,7 +191,8 @@ def test_beyond_the_connection_cap_the_oldest_connection_is_closed(monkeypatch):
 def test_a_silent_connection_is_closed_after_the_request_timeout():
     with serving(request_timeout=0.5) as server, ExitStack() as stack:
         sock = silent_client(server, stack)
-        assert 0.3 <= closed_after(sock) < 3  # the client's own timeout (10 s) never fires
+        # closed by the server's deadline, not by the client's own timeout (10 s)
+        assert 0.3 <= closed_after(sock) < 9
         eventually(lambda: not server.open, 5.0)
 
 
@@ -189,7 +203,7 @@ def test_a_trickling_client_is_cut_at_the_deadline_of_the_whole_request():
         started = time.monotonic()
         sock.sendall(b"GET /healthz HTTP/1.0\r\n")
         cut = False
-        while time.monotonic() - started < 5:
+        while time.monotonic() - started < 30:
             try:
                 sock.sendall(b"X-Slow: y\r\n")
             except (BrokenPipeError, ConnectionResetError):
@@ -199,9 +213,7 @@ def test_a_trickling_client_is_cut_at_the_deadline_of_the_whole_request():
             if _closed_by_peer(sock):
                 cut = True
                 break
-        elapsed = time.monotonic() - started
-        assert cut, "the server kept the request open for 5 s"
-        assert elapsed < 3
+        assert cut, "the server kept the request open for 30 s (its deadline: 0.6 s)"
 
 
 def test_a_client_that_never_reads_a_large_answer_is_closed_at_the_deadline():
@@ -230,7 +242,7 @@ def test_closing_the_server_does_not_wait_for_a_silent_client():
         silent_client(server, stack)
         eventually(lambda: len(server.open) == 1, 5.0)
         started = time.monotonic()
-    assert time.monotonic() - started < 5  # the server closed before the client
+    assert time.monotonic() - started < 20  # closed at once, not after the client's 30 s
 
 
 def test_bad_settings_are_refused():

@@ -90,7 +90,8 @@ def test_a_new_endpoint_ramps_up_in_the_kernel_and_gets_few_connections_at_first
 
         seen = [1]
         while seen[-1] < FULL_WEIGHT:
-            assert time.monotonic() - added < WINDOW + 15, (seen, log.read_text()[-3000:])
+            # the ramp ends (a deadline far beyond its window, not a figure)
+            assert time.monotonic() - added < WINDOW + 120, (seen, log.read_text()[-3000:])
             now = weights()
             assert now[b1.address] == now[b2.address] == FULL_WEIGHT, now
             if now[b3.address] != seen[-1]:
