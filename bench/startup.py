@@ -12,8 +12,9 @@ port shows, polled every 5 ms:
 Each run is a fresh network namespace with the test API server (tests/kubeapi.py, the real
 list/watch protocol over HTTPS) in it, and the agent with `--backend iptables` (this host's
 kernel has no IPVS; the start-up up to the first pass is the same code). `--image` runs the
-agent from the image `scripts/image` builds, under podman in the same namespace, timed from
-`podman run` (what a kubelet adds to a start is about that). Also printed: the import time of
+agent from the image `scripts/image` builds (its interpreter and packages, run natively in the
+image's filesystem with chroot; load it first: `podman load -i
+.cache/image/ipvsproxy-VERSION.oci.tar`). Also printed: the import time of
 the `kubernetes` package (the client's configuration loader and its generated models), from
 `python -X importtime`, in the same interpreter as the agent.
 
@@ -26,12 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +48,7 @@ from integration.lab import inside  # noqa: E402
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 HEALTH = 10256
 STEPS = ("health port up", "lists done", "ready")
+IMAGE_ENV = ("PATH=/opt/ipvsproxy/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONDONTWRITEBYTECODE=1")
 
 
 def readyz(ns: str) -> tuple[int, dict[str, object]] | None:
@@ -58,27 +63,51 @@ def readyz(ns: str) -> tuple[int, dict[str, object]] | None:
         return None
 
 
-def agent_command(ns: str, kubeconfig: Path, image: str | None) -> list[str]:
+def agent_command(ns: str, kubeconfig: Path, root: Path | None) -> list[str]:
     flags = ["--hostname-override", BENCH_NODE, "--service-cidr", "10.96.0.0/16",
              "--backend", "iptables", "--healthz-bind-address", f"127.0.0.1:{HEALTH}",
              "--metrics-bind-address", "127.0.0.1:0"]  # fmt: skip
-    if image is None:
+    if root is None:
         return ["ip", "netns", "exec", ns, IPVSPROXY, "run", "--kubeconfig", str(kubeconfig),
                 *flags]  # fmt: skip
-    return ["podman", "run", "--rm", "--network", f"ns:/run/netns/{ns}",
-            "--cap-drop", "ALL", "--cap-add", "NET_ADMIN,NET_RAW", "--read-only",
-            "-v", f"{kubeconfig}:/kubeconfig:ro", image,
-            "run", "--kubeconfig", "/kubeconfig", *flags]  # fmt: skip
+    shutil.copy(kubeconfig, root / "tmp" / "kubeconfig")
+    return ["ip", "netns", "exec", ns, "chroot", str(root), "/usr/bin/env", "-i", *IMAGE_ENV,
+            "ipvsproxy", "run", "--kubeconfig", "/tmp/kubeconfig", *flags]  # fmt: skip
 
 
-def one_start(objects: list[dict[str, object]], work: Path, image: str | None) -> list[float]:
+@contextmanager
+def image_root(image: str) -> Iterator[Path]:
+    """The image's filesystem, writable (a buildah working container), with /proc, /sys and
+    a /run of its own mounted: the image's interpreter and packages, run natively with
+    chroot (no container runtime: podman's crun cannot set its rlimits in this sandbox)."""
+    container = _out("buildah", "from", "--pull-never", "--quiet", image)
+    try:
+        root = Path(_out("buildah", "mount", container))
+        mounts = [("proc", "proc", "proc"), ("sys", "sysfs", "sys"), ("run", "tmpfs", "run")]
+        for source, kind, target in mounts:
+            subprocess.run(["mount", "-t", kind, source, str(root / target)], check=True)
+        try:
+            yield root
+        finally:
+            for *_, target in reversed(mounts):
+                subprocess.run(["umount", "-l", str(root / target)], check=False)
+            subprocess.run(["buildah", "umount", container], capture_output=True, check=False)
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
+
+
+def _out(*command: str) -> str:
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def one_start(objects: list[dict[str, object]], work: Path, root: Path | None) -> list[float]:
     """Seconds from the command's start to each of STEPS."""
     with fresh_netns() as ns, api_server(ns, objects) as api:
         kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         seen: dict[str, float] = {}
         with (work / "agent.log").open("wb") as log:
             started = time.monotonic()
-            proc = subprocess.Popen(agent_command(ns, kubeconfig, image), stdout=log, stderr=log)
+            proc = subprocess.Popen(agent_command(ns, kubeconfig, root), stdout=log, stderr=log)
         try:
             while len(seen) < len(STEPS):
                 if proc.poll() is not None:
@@ -100,6 +129,14 @@ def one_start(objects: list[dict[str, object]], work: Path, image: str | None) -
             proc.terminate()
             proc.wait(timeout=60)
     return [seen[step] for step in STEPS]
+
+
+def measure(objects: list[dict[str, object]], work: Path, repeat: int, root: Path | None
+            ) -> list[float]:  # fmt: skip
+    """The median of `repeat` starts, after one to warm the page cache."""
+    one_start(objects, work, root)
+    samples = [one_start(objects, work, root) for _ in range(repeat)]
+    return [statistics.median(s[i] for s in samples) for i in range(len(STEPS))]
 
 
 def import_seconds(module: str) -> float:
@@ -124,18 +161,16 @@ def main() -> None:
         nargs="?",
         const="localhost/ipvsproxy:0.1.0",
         default=None,
-        help="also from this image under podman (default %(const)s)",
+        help="also from this image (default %(const)s)",
     )
     args = parser.parse_args()
     objects = cluster(args.services, args.dests)
     work = Path("/tmp/ipvsproxy-bench-startup")
     work.mkdir(exist_ok=True)
-    runs = {"venv": None, **({"image": args.image} if args.image else {})}
-    rows = []
-    for name, image in runs.items():
-        one_start(objects, work, image)  # warm: the page cache, podman's storage
-        samples = [one_start(objects, work, image) for _ in range(args.repeat)]
-        rows.append((name, [statistics.median(s[i] for s in samples) for i in range(3)]))
+    rows = [("venv", measure(objects, work, args.repeat, None))]
+    if args.image:
+        with image_root(args.image) as root:
+            rows.append((f"image {args.image}", measure(objects, work, args.repeat, root)))
     print(f"\nagent start, {args.services} Services x {args.dests} endpoints, "
           f"median of {args.repeat} (seconds from the command's start)\n")  # fmt: skip
     print(f"| from | {' | '.join(STEPS)} |")
