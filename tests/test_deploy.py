@@ -36,6 +36,7 @@ from kubernetes.client import ApiClient
 
 from ipvsproxy import agent
 from ipvsproxy.cli import main
+from ipvsproxy.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -281,7 +282,11 @@ def test_kubeadm_reads_kubeadms_kube_proxy_configmap_and_configures_nothing_twic
             "ClusterRoleBinding")} == {"kube-system"}  # fmt: skip
     spec = pod_spec("kubeadm")
     (container,) = spec["containers"]
-    assert container["args"] == ["run", "--config=/var/lib/kube-proxy/config.conf"]
+    assert container["args"] == [
+        "run",
+        "--config=/var/lib/kube-proxy/config.conf",
+        "--metrics-bind-address=0.0.0.0:10249",  # the one flag: config.conf's is loopback
+    ]
     assert [e["name"] for e in container["env"]] == ["NODE_NAME"]  # no flag from elsewhere
     assert spec["initContainers"][0]["args"] == [
         "prepare",
@@ -336,30 +341,67 @@ def expand(args: list[str], env: list[dict[str, Any]], found: list[dict[str, Any
     return [re.sub(r"\$\((\w+)\)", lambda m: values[m[1]], arg) for arg in args]
 
 
-@pytest.mark.parametrize("name", AGENTS)
-def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp_path):
-    """The real click command line parses the DaemonSet's arguments (a renamed or removed
-    flag fails here); the kubeadm overlay's --config is kubeadm's own file, mounted."""
+def run_as_the_daemonset(
+    name: str, monkeypatch: pytest.MonkeyPatch, mounted: Path
+) -> tuple[Config, agent.Source]:
+    """The Config and source `ipvsproxy run` builds from the rendered DaemonSet's arguments,
+    parsed by the real click command line, with `mounted` as the kubeadm overlay's
+    config.conf (the file kubeadm's `kube-proxy` ConfigMap holds)."""
     found = rendered(name)
     (container,) = pod_spec(name)["containers"]
     args = expand(container["args"], container.get("env", []), found)
-    mounted = tmp_path / "config.conf"
-    shutil.copy(KUBEADM_CONFIG, mounted)
     args = [a.replace("/var/lib/kube-proxy/config.conf", str(mounted)) for a in args]
     seen: dict[str, Any] = {}
     monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
     result = CliRunner().invoke(main, args, env={"NODE_NAME": "node-a"})
     assert result.exit_code == 0, result.output
-    config = seen["c"]
+    return seen["c"], seen["s"]
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp_path):
+    """The real click command line parses the DaemonSet's arguments (a renamed or removed
+    flag fails here); the kubeadm overlay's --config is kubeadm's own file, mounted."""
+    found = rendered(name)
+    mounted = tmp_path / "config.conf"
+    shutil.copy(KUBEADM_CONFIG, mounted)
+    config, source = run_as_the_daemonset(name, monkeypatch, mounted)
     assert config.node_name == "node-a"
     assert config.healthz_bind_address == ("0.0.0.0", 10256)
     if name == "kubeadm":  # kubeadm's kubeconfig.conf: its control-plane endpoint
-        assert seen["s"] == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
+        assert source == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
     else:
         data = by_kind("ConfigMap", found)["data"]
         assert str(config.service_cidrs[0]) == data["service-cidr"]
         assert config.metrics_bind_address == ("0.0.0.0", 10249)  # for the PodMonitor
-        assert seen["s"] == agent.Cluster(None, None)  # in-cluster config
+        assert source == agent.Cluster(None, None)  # in-cluster config
+
+
+# kubeadm's config.conf as kubeadm v1.36.2 writes it (metricsBindAddress "", which kube-proxy
+# and ipvsproxy take as 127.0.0.1:10249), and with kubespray's default
+# (roles/kubernetes/control-plane/defaults/main/kube-proxy.yml: kube_proxy_metrics_bind_address
+# 127.0.0.1:10249, written into the ConfigMap by its kubeadm-config.v1beta4.yaml.j2)
+METRICS_IN_CONFIG = {"kubeadm": "", "kubespray": "127.0.0.1:10249", "operator's": "0.0.0.0:9100"}
+
+
+@pytest.mark.parametrize("name", AGENTS)
+@pytest.mark.parametrize("in_file", METRICS_IN_CONFIG.values(), ids=list(METRICS_IN_CONFIG))
+def test_every_agent_serves_metrics_where_the_podmonitor_scrapes(
+    name, in_file, monkeypatch, tmp_path
+):
+    """The PodMonitor scrapes the Pod's IP (the node's: host network) at the container port
+    named by its endpoint: the agent must bind that port on every address, whatever the
+    kube-proxy ConfigMap's metricsBindAddress says, or nothing is scraped, IpvsproxyDown
+    fires, and KubeProxyDown once kube-proxy is gone."""
+    config = yaml.safe_load(KUBEADM_CONFIG.read_text())
+    config["metricsBindAddress"] = in_file
+    mounted = tmp_path / "config.conf"
+    mounted.write_text(yaml.safe_dump(config))
+    agent_config, _ = run_as_the_daemonset(name, monkeypatch, mounted)
+    (endpoint,) = by_kind("PodMonitor", rendered("monitoring"))["spec"]["podMetricsEndpoints"]
+    (container,) = pod_spec(name)["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert agent_config.metrics_bind_address == ("0.0.0.0", ports[endpoint["port"]])
 
 
 @pytest.mark.parametrize("name", AGENTS)
