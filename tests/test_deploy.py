@@ -326,6 +326,8 @@ def test_the_monitoring_kustomization_ships_the_dashboard_for_grafanas_sidecar()
     assert {"action": "replace", "targetLabel": "job", "replacement": "kube-proxy"} in endpoint[
         "relabelings"
     ]
+    # --service-metrics' `namespace` (the Service's) is not replaced by the agent Pod's
+    assert endpoint["honorLabels"] is True
 
 
 # ---- the DaemonSets' arguments, parsed by ipvsproxy's command line -------------------------
@@ -564,11 +566,16 @@ def test_the_projects_own_scripts_pass_shellcheck():
 # ---- docs/deployment.md's install commands, run as written ---------------------------------
 
 
+def doc_blocks(page: str, heading: str) -> list[str]:
+    """The shell blocks of one `## heading` section of docs/`page`."""
+    text = (ROOT / "docs" / page).read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+
+
 def install_blocks() -> list[str]:
     """The shell blocks of docs/deployment.md's "Install" section."""
-    text = (ROOT / "docs" / "deployment.md").read_text()
-    section = text.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    return doc_blocks("deployment.md", "Install")
 
 
 def test_the_install_section_covers_every_kustomization():
@@ -579,12 +586,11 @@ def test_the_install_section_covers_every_kustomization():
     assert "kubectl apply -k deploy/monitoring" in commands
 
 
-@pytest.mark.parametrize("block", install_blocks(), ids=lambda b: b.splitlines()[0])
-def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
-    """Each block in a copy of the tree, by bash, with `kubectl` a shim: `apply` is the real
-    kubectl's as a client-side dry run against the discovery stub (so a kustomization that
-    does not build, or an object kubectl cannot map, fails), anything else (rollout status)
-    is recorded, not run; the overlays the block writes are rendered and validated too."""
+def run_block(block: str, kubeconfig: Path, tmp_path: Path) -> tuple[Path, list[str]]:
+    """A doc's shell block in a copy of the tree, by bash, with `kubectl` a shim: `apply` is
+    the real kubectl's as a client-side dry run against the discovery stub (so a kustomization
+    that does not build, or an object kubectl cannot map, fails), anything else is recorded,
+    not run. The copy's directory, and the commands recorded."""
     real = tool("kubectl")
     work = tmp_path / "checkout"
     shutil.copytree(DEPLOY, work / "deploy")
@@ -601,7 +607,15 @@ def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(kubeconfig)}
     out = check("bash", "-euo", "pipefail", "-c", block, cwd=work, env=env)
     assert "created (dry run)" in out
-    not_run = log.read_text().splitlines() if log.exists() else []
+    return work, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("block", install_blocks(), ids=lambda b: b.splitlines()[0])
+def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
+    """Each block run by `run_block` (rollout status only recorded); the overlays the block
+    writes are rendered and validated too."""
+    real = tool("kubectl")
+    work, not_run = run_block(block, kubeconfig, tmp_path)
     assert all(line.startswith("-n ") and " rollout status " in line for line in not_run)
     for written in work.glob("my-*"):  # the operator's own overlays
         found = [doc for doc in yaml.safe_load_all(check(real, "kustomize", str(written))) if doc]
@@ -613,3 +627,30 @@ def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
                 assert container["image"] == "registry.example.com/ipvsproxy:0.1.0"
         if "standalone" in (written / "kustomization.yaml").read_text():
             assert by_kind("ConfigMap", found)["data"]["apiserver-host"] == "192.0.2.10"
+
+
+def test_kube_prometheus_stacks_release_label_reaches_the_podmonitor_and_the_rules(
+    kubeconfig, tmp_path
+):
+    """docs/monitoring.md's overlay for kube-prometheus-stack, run as written: both objects
+    its Prometheus selects by `release` carry the label, and nothing else changes (the
+    PodMonitor's Pod selector, its endpoint with honorLabels, the rules)."""
+    (block,) = doc_blocks("monitoring.md", "kube-prometheus-stack")
+    work, not_run = run_block(block, kubeconfig, tmp_path)
+    assert not_run == []
+    found = [
+        doc
+        for doc in yaml.safe_load_all(
+            check(tool("kubectl"), "kustomize", str(work / "my-ipvsproxy-monitoring"))
+        )
+        if doc
+    ]
+    shipped = {o["kind"]: o for o in rendered("monitoring")}
+    for kind in ("PodMonitor", "PrometheusRule"):
+        obj = by_kind(kind, found)
+        assert obj["metadata"]["labels"] == {
+            **shipped[kind]["metadata"]["labels"],
+            "release": "kube-prometheus-stack",
+        }
+        assert obj["spec"] == shipped[kind]["spec"]
+    assert by_kind("PodMonitor", found)["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
