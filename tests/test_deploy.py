@@ -573,13 +573,28 @@ def doc_blocks(page: str, heading: str) -> list[str]:
     return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
 
 
+INSTALL_SECTIONS = ("Install", "Install on kubeadm", "kubespray")  # docs/deployment.md's
+
+
 def install_blocks() -> list[str]:
-    """The shell blocks of docs/deployment.md's "Install" section."""
-    return doc_blocks("deployment.md", "Install")
+    """The shell blocks of docs/deployment.md's install sections."""
+    return [block for heading in INSTALL_SECTIONS for block in doc_blocks("deployment.md", heading)]
 
 
-def test_the_install_section_covers_every_kustomization():
+def test_the_install_sections_cover_every_kustomization_and_label_nodes():
+    """Applying an overlay alone schedules nothing (a node runs ipvsproxy once labelled): the
+    install commands label a node, and the kubeadm path keeps kube-proxy off it first."""
     commands = "\n".join(install_blocks())
+    kubeadm = "\n".join(doc_blocks("deployment.md", "Install on kubeadm"))
+    patch = kubeadm.index("--patch-file deploy/migration/kube-proxy-off-ipvsproxy-nodes.yaml")
+    assert patch < kubeadm.index("kubectl apply -k deploy/overlays/kubeadm")
+    (key, value), *_ = NODE_LABEL.items()
+    assert kubeadm.index("kubectl apply -k") < kubeadm.index(
+        f"kubectl label node worker-1 {key}={value}"
+    )
+    assert f"kubectl label node worker-1 {key}={value}" in "\n".join(
+        doc_blocks("deployment.md", "Install")
+    )
     assert "kubectl apply -k deploy/overlays/kubeadm" in commands
     assert "../deploy/overlays/standalone" in commands
     assert "kubectl apply -f deploy/base/objects/" in commands
@@ -612,11 +627,20 @@ def run_block(block: str, kubeconfig: Path, tmp_path: Path) -> tuple[Path, list[
 
 @pytest.mark.parametrize("block", install_blocks(), ids=lambda b: b.splitlines()[0])
 def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
-    """Each block run by `run_block` (rollout status only recorded); the overlays the block
-    writes are rendered and validated too."""
+    """Each block run by `run_block` (what is not `apply` only recorded: rollout status, get,
+    node labels, the patch that keeps kube-proxy off labelled nodes, whose file must be there);
+    the overlays the block writes are rendered and validated too."""
     real = tool("kubectl")
     work, not_run = run_block(block, kubeconfig, tmp_path)
-    assert all(line.startswith("-n ") and " rollout status " in line for line in not_run)
+    for line in not_run:
+        words = line.split()
+        if words[:2] == ["label", "node"]:
+            assert words[3:] == ["ipvsproxy.io/proxy=ipvsproxy"], line
+        elif words[2:6] == ["patch", "daemonset", "kube-proxy", "--patch-file"]:
+            assert (work / words[6]).is_file(), line
+        else:
+            assert words[0] == "-n", line
+            assert words[2] in ("rollout", "get"), line
     for written in work.glob("my-*"):  # the operator's own overlays
         found = [doc for doc in yaml.safe_load_all(check(real, "kustomize", str(written))) if doc]
         for obj in found:
