@@ -678,3 +678,27 @@ def test_kube_prometheus_stacks_release_label_reaches_the_podmonitor_and_the_rul
         }
         assert obj["spec"] == shipped[kind]["spec"]
     assert by_kind("PodMonitor", found)["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+
+
+def test_the_migration_watch_commands_run_as_written(tmp_path):
+    """docs/monitoring.md's "During a migration" block, by bash with kubectl recording (it
+    answers the pod lookup): it runs on the kubeadm overlay's Pods, and the commands it runs
+    in the agent's container exist there."""
+    (block,) = doc_blocks("monitoring.md", "During a migration")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "asked"
+    shim = bin_dir / "kubectl"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho pod/ipvsproxy-abcde\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    check("bash", "-euo", "pipefail", "-c", block, env=env)
+    asked = log.read_text().splitlines()
+    assert asked[0].startswith("-n kube-system get pod -l app.kubernetes.io/name=ipvsproxy ")
+    assert "spec.nodeName=worker-1" in asked[0]
+    execs = [line.split(" -- ", 1)[1].split() for line in asked[1:]]
+    assert all(line.startswith("-n kube-system exec pod/ipvsproxy-abcde --") for line in asked[1:])
+    assert execs == [["ipvsproxy", "status"], ["ipvsadm", "-Ln"]]
+    labels = by_kind("DaemonSet", rendered("kubeadm"))["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "ipvsproxy"
+    assert CliRunner().invoke(main, ["status", "--help"]).exit_code == 0
