@@ -353,9 +353,14 @@ def run_as_the_daemonset(
     (container,) = pod_spec(name)["containers"]
     args = expand(container["args"], container.get("env", []), found)
     args = [a.replace("/var/lib/kube-proxy/config.conf", str(mounted)) for a in args]
+    node = {  # the downward API's, as the kubelet sets them: the Pod's node is node-a
+        e["name"]: "node-a"
+        for e in container.get("env", [])
+        if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName"
+    }
     seen: dict[str, Any] = {}
     monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
-    result = CliRunner().invoke(main, args, env={"NODE_NAME": "node-a"})
+    result = CliRunner().invoke(main, args, env=node)
     assert result.exit_code == 0, result.output
     return seen["c"], seen["s"]
 
@@ -404,6 +409,55 @@ def test_every_agent_serves_metrics_where_the_podmonitor_scrapes(
     (container,) = pod_spec(name)["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert agent_config.metrics_bind_address == ("0.0.0.0", ports[endpoint["port"]])
+
+
+# What kubespray writes into kubeadm's KubeProxyConfiguration with its defaults
+# (kubernetes-sigs/kubespray 46dbdd39: roles/kubernetes/control-plane/templates/
+# kubeadm-config.v1beta4.yaml.j2, the kube_proxy_* defaults of roles/kubernetes/control-plane/
+# defaults/main/kube-proxy.yml and roles/kubespray_defaults/defaults/main/main.yml), over
+# kubeadm's own file: kubeadm then fills clientConnection.kubeconfig, which kubespray leaves "".
+# hostnameOverride is the first control plane's inventory name (kube_override_hostname), in the
+# one ConfigMap every node reads.
+KUBESPRAY_DEFAULTS: dict[str, Any] = {
+    "bindAddress": "0.0.0.0",
+    "clientConnection": {"acceptContentTypes": "", "burst": 10,
+                         "contentType": "application/vnd.kubernetes.protobuf", "qps": 5},
+    "clusterCIDR": "10.233.64.0/18",
+    "configSyncPeriod": "15m0s",
+    "conntrack": {"maxPerCore": 32768, "min": 131072, "tcpCloseWaitTimeout": "1h0m0s",
+                  "tcpEstablishedTimeout": "24h0m0s"},
+    "enableProfiling": False,
+    "healthzBindAddress": "0.0.0.0:10256",
+    "hostnameOverride": "node1",
+    "iptables": {"masqueradeAll": False, "masqueradeBit": 14, "minSyncPeriod": "0s",
+                 "syncPeriod": "30s"},
+    "ipvs": {"excludeCIDRs": [], "minSyncPeriod": "0s", "scheduler": "rr", "syncPeriod": "30s",
+             "strictARP": False, "tcpTimeout": "0s", "tcpFinTimeout": "0s", "udpTimeout": "0s"},
+    "metricsBindAddress": "127.0.0.1:10249",
+    "mode": "ipvs",
+    "nodePortAddresses": [],
+    "oomScoreAdj": -999,
+    "portRange": "",
+}  # fmt: skip
+
+
+def test_the_kubeadm_overlay_runs_on_kubesprays_kube_proxy_configmap(monkeypatch, tmp_path):
+    """kubespray's config.conf (its defaults) is read as it is, but for the metrics address
+    (the overlay's flag) and the node's name (the Pod's, not the hostnameOverride kubespray
+    wrote for its first control plane)."""
+    config = yaml.safe_load(KUBEADM_CONFIG.read_text())
+    for key, value in KUBESPRAY_DEFAULTS.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    mounted = tmp_path / "config.conf"
+    mounted.write_text(yaml.safe_dump(config))
+    agent_config, source = run_as_the_daemonset("kubeadm", monkeypatch, mounted)
+    assert agent_config.node_name == "node-a"
+    assert agent_config.metrics_bind_address == ("0.0.0.0", 10249)
+    assert agent_config.healthz_bind_address == ("0.0.0.0", 10256)
+    assert str(agent_config.scheduler) == "rr"
+    assert [str(c) for c in agent_config.cluster_cidrs] == ["10.233.64.0/18"]
+    assert agent_config.sync_period == 30
+    assert source == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
 
 
 @pytest.mark.parametrize("name", AGENTS)
