@@ -399,7 +399,7 @@ def test_every_agent_serves_metrics_where_the_podmonitor_scrapes(
     """The PodMonitor scrapes the Pod's IP (the node's: host network) at the container port
     named by its endpoint: the agent must bind that port on every address, whatever the
     kube-proxy ConfigMap's metricsBindAddress says, or nothing is scraped, IpvsproxyDown
-    fires, and KubeProxyDown once kube-proxy is gone."""
+    fires, and kube-prometheus' KubeProxyDown once kube-proxy is gone."""
     config = yaml.safe_load(KUBEADM_CONFIG.read_text())
     config["metricsBindAddress"] = in_file
     mounted = tmp_path / "config.conf"
