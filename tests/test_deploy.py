@@ -7,7 +7,9 @@ every rendered object is validated offline against the Kubernetes v1.36 schemas
 (`kubernetes-validate`, strict: an unknown or misspelt field fails); `kubectl apply -f`/`-k`
 run with `--dry-run=client` against a discovery-only stub server (kubectl maps kinds through
 the server's discovery even for a client-side dry run). The DaemonSets' arguments are parsed
-by ipvsproxy's own command line, and docs/deployment.md's install commands are run as written.
+by ipvsproxy's own command line (with kubeadm's and kubespray's config.conf for the kubeadm
+overlay), and the shell blocks of docs/deployment.md's install sections and of docs/monitoring.md
+("kube-prometheus-stack", "During a migration") are run as written.
 The base objects are also checked against the `kubernetes` client's typed models and the RBAC
 rules against least privilege. kubectl, Vagrant, Ruby and ShellCheck come from Debian's
 packages or the build host (scripts/bootstrap installs them as root); without them these
