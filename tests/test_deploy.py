@@ -7,7 +7,9 @@ every rendered object is validated offline against the Kubernetes v1.36 schemas
 (`kubernetes-validate`, strict: an unknown or misspelt field fails); `kubectl apply -f`/`-k`
 run with `--dry-run=client` against a discovery-only stub server (kubectl maps kinds through
 the server's discovery even for a client-side dry run). The DaemonSets' arguments are parsed
-by ipvsproxy's own command line, and docs/deployment.md's install commands are run as written.
+by ipvsproxy's own command line (with kubeadm's and kubespray's config.conf for the kubeadm
+overlay), and the shell blocks of docs/deployment.md's install sections and of docs/monitoring.md
+("kube-prometheus-stack", "During a migration") are run as written.
 The base objects are also checked against the `kubernetes` client's typed models and the RBAC
 rules against least privilege. kubectl, Vagrant, Ruby and ShellCheck come from Debian's
 packages or the build host (scripts/bootstrap installs them as root); without them these
@@ -36,6 +38,7 @@ from kubernetes.client import ApiClient
 
 from ipvsproxy import agent
 from ipvsproxy.cli import main
+from ipvsproxy.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -281,7 +284,11 @@ def test_kubeadm_reads_kubeadms_kube_proxy_configmap_and_configures_nothing_twic
             "ClusterRoleBinding")} == {"kube-system"}  # fmt: skip
     spec = pod_spec("kubeadm")
     (container,) = spec["containers"]
-    assert container["args"] == ["run", "--config=/var/lib/kube-proxy/config.conf"]
+    assert container["args"] == [
+        "run",
+        "--config=/var/lib/kube-proxy/config.conf",
+        "--metrics-bind-address=0.0.0.0:10249",  # the one flag: config.conf's is loopback
+    ]
     assert [e["name"] for e in container["env"]] == ["NODE_NAME"]  # no flag from elsewhere
     assert spec["initContainers"][0]["args"] == [
         "prepare",
@@ -321,6 +328,8 @@ def test_the_monitoring_kustomization_ships_the_dashboard_for_grafanas_sidecar()
     assert {"action": "replace", "targetLabel": "job", "replacement": "kube-proxy"} in endpoint[
         "relabelings"
     ]
+    # --service-metrics' `namespace` (the Service's) is not replaced by the agent Pod's
+    assert endpoint["honorLabels"] is True
 
 
 # ---- the DaemonSets' arguments, parsed by ipvsproxy's command line -------------------------
@@ -336,30 +345,121 @@ def expand(args: list[str], env: list[dict[str, Any]], found: list[dict[str, Any
     return [re.sub(r"\$\((\w+)\)", lambda m: values[m[1]], arg) for arg in args]
 
 
+def run_as_the_daemonset(
+    name: str, monkeypatch: pytest.MonkeyPatch, mounted: Path
+) -> tuple[Config, agent.Source]:
+    """The Config and source `ipvsproxy run` builds from the rendered DaemonSet's arguments,
+    parsed by the real click command line, with `mounted` as the kubeadm overlay's
+    config.conf (the file kubeadm's `kube-proxy` ConfigMap holds)."""
+    found = rendered(name)
+    (container,) = pod_spec(name)["containers"]
+    args = expand(container["args"], container.get("env", []), found)
+    args = [a.replace("/var/lib/kube-proxy/config.conf", str(mounted)) for a in args]
+    node = {  # the downward API's, as the kubelet sets them: the Pod's node is node-a
+        e["name"]: "node-a"
+        for e in container.get("env", [])
+        if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName"
+    }
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
+    result = CliRunner().invoke(main, args, env=node)
+    assert result.exit_code == 0, result.output
+    return seen["c"], seen["s"]
+
+
 @pytest.mark.parametrize("name", AGENTS)
 def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp_path):
     """The real click command line parses the DaemonSet's arguments (a renamed or removed
     flag fails here); the kubeadm overlay's --config is kubeadm's own file, mounted."""
     found = rendered(name)
-    (container,) = pod_spec(name)["containers"]
-    args = expand(container["args"], container.get("env", []), found)
     mounted = tmp_path / "config.conf"
     shutil.copy(KUBEADM_CONFIG, mounted)
-    args = [a.replace("/var/lib/kube-proxy/config.conf", str(mounted)) for a in args]
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(agent, "run", lambda config, *, source: seen.update(c=config, s=source))
-    result = CliRunner().invoke(main, args, env={"NODE_NAME": "node-a"})
-    assert result.exit_code == 0, result.output
-    config = seen["c"]
+    config, source = run_as_the_daemonset(name, monkeypatch, mounted)
     assert config.node_name == "node-a"
     assert config.healthz_bind_address == ("0.0.0.0", 10256)
     if name == "kubeadm":  # kubeadm's kubeconfig.conf: its control-plane endpoint
-        assert seen["s"] == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
+        assert source == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
     else:
         data = by_kind("ConfigMap", found)["data"]
         assert str(config.service_cidrs[0]) == data["service-cidr"]
         assert config.metrics_bind_address == ("0.0.0.0", 10249)  # for the PodMonitor
-        assert seen["s"] == agent.Cluster(None, None)  # in-cluster config
+        assert source == agent.Cluster(None, None)  # in-cluster config
+
+
+# kubeadm's config.conf as kubeadm v1.36.2 writes it (metricsBindAddress "", which kube-proxy
+# and ipvsproxy take as 127.0.0.1:10249), and with kubespray's default
+# (roles/kubernetes/control-plane/defaults/main/kube-proxy.yml: kube_proxy_metrics_bind_address
+# 127.0.0.1:10249, written into the ConfigMap by its kubeadm-config.v1beta4.yaml.j2)
+METRICS_IN_CONFIG = {"kubeadm": "", "kubespray": "127.0.0.1:10249", "operator's": "0.0.0.0:9100"}
+
+
+@pytest.mark.parametrize("name", AGENTS)
+@pytest.mark.parametrize("in_file", METRICS_IN_CONFIG.values(), ids=list(METRICS_IN_CONFIG))
+def test_every_agent_serves_metrics_where_the_podmonitor_scrapes(
+    name, in_file, monkeypatch, tmp_path
+):
+    """The PodMonitor scrapes the Pod's IP (the node's: host network) at the container port
+    named by its endpoint: the agent must bind that port on every address, whatever the
+    kube-proxy ConfigMap's metricsBindAddress says, or nothing is scraped, IpvsproxyDown
+    fires, and kube-prometheus' KubeProxyDown once kube-proxy is gone."""
+    config = yaml.safe_load(KUBEADM_CONFIG.read_text())
+    config["metricsBindAddress"] = in_file
+    mounted = tmp_path / "config.conf"
+    mounted.write_text(yaml.safe_dump(config))
+    agent_config, _ = run_as_the_daemonset(name, monkeypatch, mounted)
+    (endpoint,) = by_kind("PodMonitor", rendered("monitoring"))["spec"]["podMetricsEndpoints"]
+    (container,) = pod_spec(name)["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert agent_config.metrics_bind_address == ("0.0.0.0", ports[endpoint["port"]])
+
+
+# What kubespray writes into kubeadm's KubeProxyConfiguration with its defaults
+# (kubernetes-sigs/kubespray 46dbdd39: roles/kubernetes/control-plane/templates/
+# kubeadm-config.v1beta4.yaml.j2, the kube_proxy_* defaults of roles/kubernetes/control-plane/
+# defaults/main/kube-proxy.yml and roles/kubespray_defaults/defaults/main/main.yml), over
+# kubeadm's own file: kubeadm then fills clientConnection.kubeconfig, which kubespray leaves "".
+# hostnameOverride is the first control plane's inventory name (kube_override_hostname), in the
+# one ConfigMap every node reads.
+KUBESPRAY_DEFAULTS: dict[str, Any] = {
+    "bindAddress": "0.0.0.0",
+    "clientConnection": {"acceptContentTypes": "", "burst": 10,
+                         "contentType": "application/vnd.kubernetes.protobuf", "qps": 5},
+    "clusterCIDR": "10.233.64.0/18",
+    "configSyncPeriod": "15m0s",
+    "conntrack": {"maxPerCore": 32768, "min": 131072, "tcpCloseWaitTimeout": "1h0m0s",
+                  "tcpEstablishedTimeout": "24h0m0s"},
+    "enableProfiling": False,
+    "healthzBindAddress": "0.0.0.0:10256",
+    "hostnameOverride": "node1",
+    "iptables": {"masqueradeAll": False, "masqueradeBit": 14, "minSyncPeriod": "0s",
+                 "syncPeriod": "30s"},
+    "ipvs": {"excludeCIDRs": [], "minSyncPeriod": "0s", "scheduler": "rr", "syncPeriod": "30s",
+             "strictARP": False, "tcpTimeout": "0s", "tcpFinTimeout": "0s", "udpTimeout": "0s"},
+    "metricsBindAddress": "127.0.0.1:10249",
+    "mode": "ipvs",
+    "nodePortAddresses": [],
+    "oomScoreAdj": -999,
+    "portRange": "",
+}  # fmt: skip
+
+
+def test_the_kubeadm_overlay_runs_on_kubesprays_kube_proxy_configmap(monkeypatch, tmp_path):
+    """kubespray's config.conf (its defaults) is read as it is, but for the metrics address
+    (the overlay's flag) and the node's name (the Pod's, not the hostnameOverride kubespray
+    wrote for its first control plane)."""
+    config = yaml.safe_load(KUBEADM_CONFIG.read_text())
+    for key, value in KUBESPRAY_DEFAULTS.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    mounted = tmp_path / "config.conf"
+    mounted.write_text(yaml.safe_dump(config))
+    agent_config, source = run_as_the_daemonset("kubeadm", monkeypatch, mounted)
+    assert agent_config.node_name == "node-a"
+    assert agent_config.metrics_bind_address == ("0.0.0.0", 10249)
+    assert agent_config.healthz_bind_address == ("0.0.0.0", 10256)
+    assert str(agent_config.scheduler) == "rr"
+    assert [str(c) for c in agent_config.cluster_cidrs] == ["10.233.64.0/18"]
+    assert agent_config.sync_period == 30
+    assert source == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
 
 
 @pytest.mark.parametrize("name", AGENTS)
@@ -522,27 +622,46 @@ def test_the_projects_own_scripts_pass_shellcheck():
 # ---- docs/deployment.md's install commands, run as written ---------------------------------
 
 
-def install_blocks() -> list[str]:
-    """The shell blocks of docs/deployment.md's "Install" section."""
-    text = (ROOT / "docs" / "deployment.md").read_text()
-    section = text.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+def doc_blocks(page: str, heading: str) -> list[str]:
+    """The shell blocks of one `## heading` section of docs/`page`."""
+    text = (ROOT / "docs" / page).read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
 
 
-def test_the_install_section_covers_every_kustomization():
+INSTALL_SECTIONS = ("Install", "Install on kubeadm", "kubespray")  # docs/deployment.md's
+
+
+def install_blocks() -> list[str]:
+    """The shell blocks of docs/deployment.md's install sections."""
+    return [block for heading in INSTALL_SECTIONS for block in doc_blocks("deployment.md", heading)]
+
+
+def test_the_install_sections_cover_every_kustomization_and_label_nodes():
+    """Applying an overlay alone schedules nothing (a node runs ipvsproxy once labelled): the
+    install commands label a node, and the kubeadm path keeps kube-proxy off it first."""
     commands = "\n".join(install_blocks())
+    kubeadm = "\n".join(doc_blocks("deployment.md", "Install on kubeadm"))
+    patch = kubeadm.index("--patch-file deploy/migration/kube-proxy-off-ipvsproxy-nodes.yaml")
+    assert patch < kubeadm.index("kubectl apply -k deploy/overlays/kubeadm")
+    (key, value), *_ = NODE_LABEL.items()
+    assert kubeadm.index("kubectl apply -k") < kubeadm.index(
+        f"kubectl label node worker-1 {key}={value}"
+    )
+    assert f"kubectl label node worker-1 {key}={value}" in "\n".join(
+        doc_blocks("deployment.md", "Install")
+    )
     assert "kubectl apply -k deploy/overlays/kubeadm" in commands
     assert "../deploy/overlays/standalone" in commands
     assert "kubectl apply -f deploy/base/objects/" in commands
     assert "kubectl apply -k deploy/monitoring" in commands
 
 
-@pytest.mark.parametrize("block", install_blocks(), ids=lambda b: b.splitlines()[0])
-def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
-    """Each block in a copy of the tree, by bash, with `kubectl` a shim: `apply` is the real
-    kubectl's as a client-side dry run against the discovery stub (so a kustomization that
-    does not build, or an object kubectl cannot map, fails), anything else (rollout status)
-    is recorded, not run; the overlays the block writes are rendered and validated too."""
+def run_block(block: str, kubeconfig: Path, tmp_path: Path) -> tuple[Path, list[str]]:
+    """A doc's shell block in a copy of the tree, by bash, with `kubectl` a shim: `apply` is
+    the real kubectl's as a client-side dry run against the discovery stub (so a kustomization
+    that does not build, or an object kubectl cannot map, fails), anything else is recorded,
+    not run. The copy's directory, and the commands recorded."""
     real = tool("kubectl")
     work = tmp_path / "checkout"
     shutil.copytree(DEPLOY, work / "deploy")
@@ -559,8 +678,25 @@ def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(kubeconfig)}
     out = check("bash", "-euo", "pipefail", "-c", block, cwd=work, env=env)
     assert "created (dry run)" in out
-    not_run = log.read_text().splitlines() if log.exists() else []
-    assert all(line.startswith("-n ") and " rollout status " in line for line in not_run)
+    return work, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("block", install_blocks(), ids=lambda b: b.splitlines()[0])
+def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
+    """Each block run by `run_block` (what is not `apply` only recorded: rollout status, get,
+    node labels, the patch that keeps kube-proxy off labelled nodes, whose file must be there);
+    the overlays the block writes are rendered and validated too."""
+    real = tool("kubectl")
+    work, not_run = run_block(block, kubeconfig, tmp_path)
+    for line in not_run:
+        words = line.split()
+        if words[:2] == ["label", "node"]:
+            assert words[3:] == ["ipvsproxy.io/proxy=ipvsproxy"], line
+        elif words[2:6] == ["patch", "daemonset", "kube-proxy", "--patch-file"]:
+            assert (work / words[6]).is_file(), line
+        else:
+            assert words[0] == "-n", line
+            assert words[2] in ("rollout", "get"), line
     for written in work.glob("my-*"):  # the operator's own overlays
         found = [doc for doc in yaml.safe_load_all(check(real, "kustomize", str(written))) if doc]
         for obj in found:
@@ -571,3 +707,54 @@ def test_the_install_commands_work_as_written(block, kubeconfig, tmp_path):
                 assert container["image"] == "registry.example.com/ipvsproxy:0.1.0"
         if "standalone" in (written / "kustomization.yaml").read_text():
             assert by_kind("ConfigMap", found)["data"]["apiserver-host"] == "192.0.2.10"
+
+
+def test_kube_prometheus_stacks_release_label_reaches_the_podmonitor_and_the_rules(
+    kubeconfig, tmp_path
+):
+    """docs/monitoring.md's overlay for kube-prometheus-stack, run as written: both objects
+    its Prometheus selects by `release` carry the label, and nothing else changes (the
+    PodMonitor's Pod selector, its endpoint with honorLabels, the rules)."""
+    (block,) = doc_blocks("monitoring.md", "kube-prometheus-stack")
+    work, not_run = run_block(block, kubeconfig, tmp_path)
+    assert not_run == []
+    found = [
+        doc
+        for doc in yaml.safe_load_all(
+            check(tool("kubectl"), "kustomize", str(work / "my-ipvsproxy-monitoring"))
+        )
+        if doc
+    ]
+    shipped = {o["kind"]: o for o in rendered("monitoring")}
+    for kind in ("PodMonitor", "PrometheusRule"):
+        obj = by_kind(kind, found)
+        assert obj["metadata"]["labels"] == {
+            **shipped[kind]["metadata"]["labels"],
+            "release": "kube-prometheus-stack",
+        }
+        assert obj["spec"] == shipped[kind]["spec"]
+    assert by_kind("PodMonitor", found)["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
+
+
+def test_the_migration_watch_commands_run_as_written(tmp_path):
+    """docs/monitoring.md's "During a migration" block, by bash with kubectl recording (it
+    answers the pod lookup): it runs on the kubeadm overlay's Pods, and the commands it runs
+    in the agent's container exist there."""
+    (block,) = doc_blocks("monitoring.md", "During a migration")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "asked"
+    shim = bin_dir / "kubectl"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho pod/ipvsproxy-abcde\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    check("bash", "-euo", "pipefail", "-c", block, env=env)
+    asked = log.read_text().splitlines()
+    assert asked[0].startswith("-n kube-system get pod -l app.kubernetes.io/name=ipvsproxy ")
+    assert "spec.nodeName=worker-1" in asked[0]
+    execs = [line.split(" -- ", 1)[1].split() for line in asked[1:]]
+    assert all(line.startswith("-n kube-system exec pod/ipvsproxy-abcde --") for line in asked[1:])
+    assert execs == [["ipvsproxy", "status"], ["ipvsadm", "-Ln"]]
+    labels = by_kind("DaemonSet", rendered("kubeadm"))["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "ipvsproxy"
+    assert CliRunner().invoke(main, ["status", "--help"]).exit_code == 0

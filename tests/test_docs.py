@@ -1,4 +1,5 @@
-"""The documentation: the CLI reference is current, the README short, every relative link good."""
+"""The documentation: the CLI reference is current, the README short, every relative link good
+(its file there, its #anchor a heading of that file)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,33 @@ def test_every_relative_link_points_to_a_file_that_exists():
             if not (doc.parent / path).exists():
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not broken, "links to missing files:\n" + "\n".join(broken)
+
+
+def anchors(doc: Path) -> set[str]:
+    """The `#fragment` of each heading of a page, as GitHub makes them: lower case, without
+    punctuation but hyphens and underscores, spaces as hyphens; a repeated one gets `-1`, ..."""
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_every_anchor_of_a_relative_link_is_a_heading_there():
+    """Pages link to each other's sections (README.md to deployment.md#install-on-kubeadm,
+    ...): a renamed heading breaks them silently on GitHub."""
+    broken = []
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+        for target in LINK.findall(text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+                continue
+            path, anchor = target.split("#", 1)
+            page = doc.parent / path if path else doc
+            if page.suffix == ".md" and page.exists() and anchor not in anchors(page):
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not broken, "links to missing headings:\n" + "\n".join(broken)
