@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -94,6 +94,8 @@ class Cluster:
     kubeconfig: Path | None = None
     context: str | None = None
     master: str | None = None  # overrides the kubeconfig's server (kube-proxy's --master)
+    # where `kubeconfig` came from, as errors name it ("--config FILE: field ...")
+    origin: str = field(default="--kubeconfig", compare=False)
 
 
 Source = Manifests | Cluster
@@ -128,7 +130,10 @@ def changes_from(source: Source, config: Config) -> Changes:
     from ipvsproxy import kube
 
     with kube.connect(
-        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+        kubeconfig=source.kubeconfig,
+        context=source.context,
+        master=source.master,
+        origin=source.origin,
     ) as client:
         kube.list_once(client, (SERVICE, SLICE, NODE), node_name=config.node_name, sink=tracker)
     return tracker.take(everything=True)
@@ -549,6 +554,7 @@ def _open_source(
         kubeconfig=source.kubeconfig,
         context=source.context,
         master=source.master,
+        origin=source.origin,
         observe=metrics.api_request,
     )
     watchers = [

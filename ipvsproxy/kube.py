@@ -84,15 +84,18 @@ def connect(
     kubeconfig: Path | None,
     context: str | None,
     master: str | None = None,
+    origin: str = "--kubeconfig",
     observe: Observe = unobserved,
 ) -> Any:
     """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig;
-    `master` overrides the server; `observe` is told of every request (the rest_client_*
-    metrics).
+    `master` overrides the server; `origin` names where `kubeconfig` came from in errors;
+    `observe` is told of every request (the rest_client_* metrics).
 
     The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    return client(kubeconfig=kubeconfig, context=context, master=master, observe=observe)
+    return client(
+        kubeconfig=kubeconfig, context=context, master=master, origin=origin, observe=observe
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -323,12 +323,14 @@ def client(
     kubeconfig: Path | None,
     context: str | None,
     master: str | None = None,
+    origin: str = "--kubeconfig",
     observe: Observe = unobserved,
 ) -> Client:
     """A `Client`: `kubeconfig` if given, else in-cluster, else the default kubeconfig
     (`$KUBECONFIG`, else ~/.kube/config). `master` (kube-proxy's --master) overrides the
     server's address; without a kubeconfig it is the whole configuration, as kube-proxy's
-    `createClient` makes it (no in-cluster credentials).
+    `createClient` makes it (no in-cluster credentials). `origin` is how an error names
+    where `kubeconfig` came from (--kubeconfig, or a --config file's field).
 
     The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
     with backoff itself, and a hidden retry would only delay seeing a failure.
@@ -337,7 +339,9 @@ def client(
     configuration = Configuration()
     if kubeconfig is not None:
         if not kubeconfig.is_file():
-            raise ConfigError(f"--kubeconfig {kubeconfig}: no such file")
+            # "--kubeconfig PATH", or "--config FILE: field clientConnection.kubeconfig: PATH"
+            sep = " " if origin == "--kubeconfig" else ": "
+            raise ConfigError(f"{origin}{sep}{kubeconfig}: no such file")
         _load_kubeconfig(str(kubeconfig), context, configuration)
     elif not master:
         try:

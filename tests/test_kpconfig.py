@@ -210,3 +210,26 @@ def test_proxy_mode_other_than_ipvs_is_refused():
     result = CliRunner().invoke(main, ["run", "--proxy-mode", "nftables"])
     assert result.exit_code == 2
     assert "--proxy-mode 'nftables': ipvsproxy is an IPVS proxy" in result.stderr
+
+
+def test_manifests_on_the_command_line_win_over_the_files_kubeconfig(tmp_path):
+    """kubeadm's config.conf names clientConnection.kubeconfig; `diff --manifests` with it
+    reads the manifests (flags win over the file, as in kube-proxy), no conflict."""
+    root = Path(__file__).parent.parent / "examples"
+    args = ["diff", "--config", str(KUBEADM), "--manifests", str(root / "cluster.yaml")]
+    more = ["--kernel-state", str(root / "kernel-state.txt"), "--hostname-override", "node-a"]
+    result = CliRunner().invoke(main, [*args, *more])
+    assert result.exit_code == 1, result.output  # changes pending: the manifests were read
+    assert "exclude each other" not in result.stderr
+    result = CliRunner().invoke(main, [*args, "--kubeconfig", str(tmp_path / "kc"), *more])
+    assert result.exit_code == 2  # given on the command line: still a conflict
+    assert "--manifests and --kubeconfig/--context/--master exclude each other" in result.stderr
+
+
+def test_a_missing_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_path):
+    result = CliRunner().invoke(main, ["diff", "--config", str(KUBEADM)])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"ipvsproxy: error: --config {KUBEADM}: field clientConnection.kubeconfig: "
+        "/var/lib/kube-proxy/kubeconfig.conf: no such file\n"
+    )
