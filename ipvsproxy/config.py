@@ -1,8 +1,8 @@
 """The agent's configuration: one frozen object, validated once, built by the CLI.
 
 Owns: `Config` and the parsers for its textual forms (CIDR lists, port ranges). Also
-`ownership()`, the precise rule for which virtual servers ipvsproxy may change (see
-docs in README "Ownership").
+`ownership()`, the precise rule for which virtual servers ipvsproxy may change
+(docs/ownership.md).
 
 Imports: schedulers, model, errors, the standard library.
 """
