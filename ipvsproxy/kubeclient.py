@@ -344,6 +344,7 @@ def client(
             raise ConfigError(f"{origin}{sep}{kubeconfig}: no such file")
         _load_kubeconfig(str(kubeconfig), context, configuration)
     elif not master:
+        _check_service_env()
         try:
             load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (ConfigException, OSError) as in_cluster:
@@ -355,6 +356,27 @@ def client(
     _check_server(configuration.host, "--master" if master else "the kubeconfig's server")
     configuration.retries = 0
     return Client(configuration, observe=observe)
+
+
+# The in-cluster address's variables and the keys of ipvsproxy's ConfigMap the DaemonSet sets
+# them from (deploy/base/objects/daemonset.yaml): empty there until the operator sets them
+_SERVICE_ENV = (
+    ("KUBERNETES_SERVICE_HOST", "apiserver-host"),
+    ("KUBERNETES_SERVICE_PORT", "apiserver-port"),
+)
+
+
+def _check_service_env() -> None:
+    """An in-cluster address variable set but empty is the DaemonSet's ConfigMap left as
+    shipped: a `ConfigError` naming the key to set (the library would only say "Service
+    host/port is set but empty")."""
+    for name, key in _SERVICE_ENV:
+        if os.environ.get(name) == "":
+            raise ConfigError(
+                f"{name} is set but empty: no API server address. In the DaemonSet it comes "
+                f"from key {key!r} of ConfigMap 'ipvsproxy': set it to the API server as "
+                "nodes reach it without a Service VIP (or give --kubeconfig or --master)"
+            )
 
 
 def _check_server(host: str, where: str) -> None:

@@ -402,3 +402,21 @@ def test_run_changes_nothing_on_the_node_before_the_credentials_load(
     assert str(kubeconfig) in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_empty_apiserver_host_names_the_configmap_key_in_one_json_line(tmp_path):
+    """The DaemonSet's ConfigMap as shipped (apiserver-host ""): the agent's last words name
+    the key to set and, under --log-format json (the DaemonSet's), are one JSON object."""
+    env = {"KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": "6443", "HOME": str(tmp_path)}
+    args = ["diff", "--kernel-state", str(STATE), *NODE]
+    result = CliRunner().invoke(main, ["--log-format", "json", *args], env=env)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["logger"]) == ("error", "ipvsproxy")
+    assert entry["msg"].startswith("KUBERNETES_SERVICE_HOST is set but empty")
+    assert "key 'apiserver-host' of ConfigMap 'ipvsproxy'" in entry["msg"]
+    result = CliRunner().invoke(main, args, env=env)  # text: the usual one line
+    assert result.exit_code == 2
+    assert result.stderr.startswith("ipvsproxy: error: KUBERNETES_SERVICE_HOST is set but empty")
+    assert result.stderr.count("\n") == 1
