@@ -208,5 +208,9 @@ def _status_text(doc: dict[str, Any], output: str, *, compact: bool) -> str:
 
     if output == "json":
         return json.dumps(doc) + "\n" if compact else json.dumps(doc, indent=2) + "\n"
-    width = shutil.get_terminal_size((100, 24)).columns
-    return render(doc, width=width, wide=output == "wide")
+    wide = output == "wide"
+    if wide and not sys.stdout.isatty():
+        width = sys.maxsize  # piped or saved: -o wide means every column whole, nothing cut
+    else:
+        width = shutil.get_terminal_size((100, 24)).columns
+    return render(doc, width=width, wide=wide)

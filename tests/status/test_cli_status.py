@@ -203,3 +203,19 @@ def test_a_service_that_is_not_there_is_an_error_not_in_sync(served, objects, tm
                  "--hostname-override", "node-a", "-o", "json", "prod/web")  # fmt: skip
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == "ipvsproxy: error: no Service prod/web\n"
+
+
+def test_wide_piped_is_never_cut(monkeypatch):
+    """-o wide into a pipe or a file keeps every column whole (the terminal's width is for a
+    terminal); the default table is still sized."""
+    monkeypatch.setenv("COLUMNS", "80")
+    examples = Path(__file__).parent.parent.parent / "examples"
+    state = str(examples / "kernel-state.txt")
+    args = ["status", "--manifests", str(examples), "--kernel-state", state,
+            "--hostname-override", "node-a", "demo/web"]  # fmt: skip
+    wide = run(*args, "-o", "wide").stdout.splitlines()
+    assert max(map(len, wide)) > 100
+    assert not any(line.endswith("~") for line in wide)
+    assert "terminating, and ready endpoints exist" in "\n".join(wide)
+    table = run(*args).stdout.splitlines()
+    assert max(map(len, table)) <= 80
