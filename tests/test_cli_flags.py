@@ -300,3 +300,14 @@ def test_help_and_a_bare_group_are_left_to_click():
     result = invoke()
     assert "Commands:" in result.output
     assert "ipvsproxy: error" not in result.output
+
+
+def test_prepare_help_names_the_agents_capabilities_as_the_daemonset_grants_them():
+    import yaml
+
+    daemonset = yaml.safe_load((ROOT / "deploy/base/objects/daemonset.yaml").read_text())
+    (agent_container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    added = agent_container["securityContext"]["capabilities"]["add"]
+    count = {1: "one", 2: "two", 3: "three", 4: "four"}[len(added)]
+    text = " ".join(invoke("prepare", "--help").stdout.split())
+    assert f"runs with {count} capabilities ({', '.join(added)})" in text
