@@ -342,7 +342,8 @@ def client(
             # "--kubeconfig PATH", or "--config FILE: field clientConnection.kubeconfig: PATH"
             sep = " " if origin == "--kubeconfig" else ": "
             raise ConfigError(f"{origin}{sep}{kubeconfig}: no such file")
-        _load_kubeconfig(str(kubeconfig), context, configuration)
+        named = str(kubeconfig) if origin == "--kubeconfig" else f"{origin}: {kubeconfig}"
+        _load_kubeconfig(str(kubeconfig), context, configuration, named=named)
     elif not master:
         _check_service_env()
         try:
@@ -396,10 +397,16 @@ _SHAPE = (TypeError, KeyError, AttributeError, ValueError)
 
 
 def _load_kubeconfig(
-    path: str | None, context: str | None, configuration: Any, *, also: str = ""
+    path: str | None,
+    context: str | None,
+    configuration: Any,
+    *,
+    also: str = "",
+    named: str = "",
 ) -> None:
-    """`load_kube_config`, its failures as one `ConfigError` line (`also`: what failed first)."""
-    where = path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    """`load_kube_config`, its failures as one `ConfigError` line (`also`: what failed first;
+    `named`: the path as the error names it, with where it came from)."""
+    where = named or path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
     try:
         kube_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, context=context, client_configuration=configuration

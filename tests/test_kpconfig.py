@@ -233,3 +233,18 @@ def test_a_missing_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_path):
         f"ipvsproxy: error: --config {KUBEADM}: field clientConnection.kubeconfig: "
         "/var/lib/kube-proxy/kubeconfig.conf: no such file\n"
     )
+
+
+def test_an_unreadable_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig.conf"
+    kubeconfig.write_text("foo: [\n")
+    path = tmp_path / "config.conf"
+    doc = yaml.safe_load(KUBEADM.read_text())
+    doc["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["diff", "--config", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "ipvsproxy: error: cannot load the Kubernetes client configuration (--config "
+        f"{path}: field clientConnection.kubeconfig: {kubeconfig}: not valid YAML"
+    )
