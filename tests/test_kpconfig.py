@@ -227,11 +227,15 @@ def test_manifests_on_the_command_line_win_over_the_files_kubeconfig(tmp_path):
 
 
 def test_a_missing_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_path):
-    result = CliRunner().invoke(main, ["diff", "--config", str(KUBEADM)])
+    path = tmp_path / "config.conf"
+    doc = yaml.safe_load(KUBEADM.read_text())
+    doc["clientConnection"]["kubeconfig"] = str(tmp_path / "kubeconfig.conf")
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["diff", "--config", str(path)])
     assert result.exit_code == 2
     assert result.stderr == (
-        f"ipvsproxy: error: --config {KUBEADM}: field clientConnection.kubeconfig: "
-        "/var/lib/kube-proxy/kubeconfig.conf: no such file\n"
+        f"ipvsproxy: error: --config {path}: field clientConnection.kubeconfig: "
+        f"{tmp_path}/kubeconfig.conf: no such file\n"
     )
 
 
