@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -94,6 +94,8 @@ class Cluster:
     kubeconfig: Path | None = None
     context: str | None = None
     master: str | None = None  # overrides the kubeconfig's server (kube-proxy's --master)
+    # where `kubeconfig` came from, as errors name it ("--config FILE: field ...")
+    origin: str = field(default="--kubeconfig", compare=False)
 
 
 Source = Manifests | Cluster
@@ -128,7 +130,10 @@ def changes_from(source: Source, config: Config) -> Changes:
     from ipvsproxy import kube
 
     with kube.connect(
-        kubeconfig=source.kubeconfig, context=source.context, master=source.master
+        kubeconfig=source.kubeconfig,
+        context=source.context,
+        master=source.master,
+        origin=source.origin,
     ) as client:
         kube.list_once(client, (SERVICE, SLICE, NODE), node_name=config.node_name, sink=tracker)
     return tracker.take(everything=True)
@@ -322,7 +327,9 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         # the first full pass): a start-up that waits (an API server out of reach, a slow
         # node) must not look dead to the kubelet's liveness probe.
         stack.callback(_serve_health(config, health).close)
-        start_sources, close_source = _open_source(source, config, tracker, stop, metrics)
+        start_sources, close_source, api_server = _open_source(
+            source, config, tracker, stop, metrics
+        )
         stack.callback(close_source)
         stack.callback(stop.set)  # the watchers end with the agent, whatever stops it
         # The lists go out now, while the node is prepared: reading the API and preparing
@@ -379,7 +386,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         try:
             with _signals(halt, resync=agent_loop.resync):
                 if not stop.is_set():
-                    log.info("running: %s", describe_source(source))
+                    log.info("running: %s", describe_source(source, server=api_server))
                     runner.loop()
         finally:
             stop.set()
@@ -512,12 +519,14 @@ def _open_source(
     stop: threading.Event,
     metrics: Any,
 ) -> tuple[
-    Callable[[Callable[[IpvsproxyError | None], None]], list[threading.Thread]], Callable[[], None]
+    Callable[[Callable[[IpvsproxyError | None], None]], list[threading.Thread]],
+    Callable[[], None],
+    str | None,
 ]:
     """Open the source, failing (ConfigError) on what retrying cannot fix: manifests that
     cannot be read, a kubeconfig (or in-cluster credentials) that cannot be loaded. Returns
-    what starts its threads feeding the tracker (a fatal error in one halts the agent) and
-    what closes it."""
+    what starts its threads feeding the tracker (a fatal error in one halts the agent), what
+    closes it and the API server's URL (None for manifests)."""
 
     def guarded(
         name: str, target: Callable[[], None], halt: Callable[[IpvsproxyError | None], None]
@@ -541,7 +550,7 @@ def _open_source(
 
         poller = ManifestSource(source.paths, sink=tracker, stop=stop)
         poller.load()  # unreadable at start: a ConfigError, exit 2
-        return (lambda halt: [guarded("manifests", poller.run, halt)]), lambda: None
+        return (lambda halt: [guarded("manifests", poller.run, halt)]), lambda: None, None
 
     from ipvsproxy import kube
 
@@ -549,6 +558,7 @@ def _open_source(
         kubeconfig=source.kubeconfig,
         context=source.context,
         master=source.master,
+        origin=source.origin,
         observe=metrics.api_request,
     )
     watchers = [
@@ -566,7 +576,7 @@ def _open_source(
     def start(halt: Callable[[IpvsproxyError | None], None]) -> list[threading.Thread]:
         return [guarded(f"watch-{w.kind}", w.run, halt) for w in watchers]
 
-    return start, client.close
+    return start, client.close, client.configuration.host
 
 
 @contextmanager
@@ -619,10 +629,19 @@ def _signals(
         os.close(read_end)
 
 
-def describe_source(source: Source) -> str:
+def describe_source(source: Source, *, server: str | None = None) -> str:
+    """The source in words: the files, or the API server's URL (`server`: the client's, once
+    connected; else --master's, if given) and the configuration it came from."""
     if isinstance(source, Manifests):
         return "manifests from " + ", ".join(map(str, source.paths))
-    return f"Kubernetes API via {source.kubeconfig or 'in-cluster or default kubeconfig'}"
+    if source.kubeconfig:
+        via = f"via {source.kubeconfig}"
+    elif source.master:
+        via = "(--master, no credentials)"
+    else:
+        via = "via in-cluster or default kubeconfig"
+    server = server or source.master
+    return f"Kubernetes API at {server} {via}" if server else f"Kubernetes API {via}"
 
 
 def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True, force: bool = False) -> list[str]:

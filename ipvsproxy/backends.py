@@ -119,7 +119,7 @@ def open_backend(config: Config) -> Iterator[Backend]:
         )
     log.warning(
         "IPVS is not usable here (%s): FALLING BACK to the iptables backend "
-        "(schedulers are approximated; see the README, 'iptables fallback')",
+        "(schedulers are approximated: docs/fallback.md#schedulers)",
         result.reason,
     )
     yield Backend(

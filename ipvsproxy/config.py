@@ -1,8 +1,8 @@
 """The agent's configuration: one frozen object, validated once, built by the CLI.
 
 Owns: `Config` and the parsers for its textual forms (CIDR lists, port ranges). Also
-`ownership()`, the precise rule for which virtual servers ipvsproxy may change (see
-docs in README "Ownership").
+`ownership()`, the precise rule for which virtual servers ipvsproxy may change
+(docs/ownership.md).
 
 Imports: schedulers, model, errors, the standard library.
 """
@@ -154,20 +154,25 @@ MAX_DURATION = 365 * 86400.0
 MAX_KERNEL_TIMEOUT = float((2**31 - 1) // 1000)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
-def parse_duration(text: str, *, option: str, maximum: float = MAX_DURATION) -> float:
-    """A Go-style duration as kube-proxy takes it (`1s`, `500ms`, `1m30s`) or plain seconds,
-    at most `maximum` seconds."""
+def parse_duration(
+    text: str, *, option: str, maximum: float = MAX_DURATION, bare_seconds: bool = False
+) -> float:
+    """A Go-style duration as kube-proxy takes it (`1s`, `500ms`, `1m30s`), at most `maximum`
+    seconds. As Go's time.ParseDuration (kube-proxy's flags, and its file's metav1.Duration),
+    a number needs a unit: `30` is refused, only `0` may go without; `bare_seconds` takes a
+    number as seconds (the slow-start annotation always has)."""
     value = text.strip()
-    try:
+    number = _NUMBER.fullmatch(value) is not None
+    if value == "0" or (number and bare_seconds):
         seconds = float(value)
-    except ValueError:
+    else:
         parts = _DURATION.findall(value)
         if not parts or "".join(n + u for n, u in parts) != value:
-            raise ConfigError(
-                f"{option}: {text!r} is not a duration like 30s, 500ms or 1m30s"
-            ) from None
+            why = "has no unit: give" if number else "is not"
+            raise ConfigError(f"{option}: {text!r} {why} a duration like 30s, 500ms or 1m30s")
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
         raise ConfigError(f"{option}: {text!r} must be a finite, non-negative duration")

@@ -8,7 +8,7 @@ it never touches what is not kube-proxy's: other chains (kubelet's KUBE-FIREWALL
 KUBE-KUBELET-CANARY stay, and so do kube-proxy's iptables-mode chains, which its IPVS mode
 never made), other sets, and, with `ipvs=True`, only the virtual servers the ownership rule
 gives to the proxy of this node (VIPs on the dummy device, `--service-cidr`, NodePorts on
-this host's addresses: see README "Ownership"), with the dummy device and its addresses.
+this host's addresses: docs/ownership.md), with the dummy device and its addresses.
 
 Without `ipvs` the IPVS table and kube-ipvs0 stay: ipvsproxy, started next with the same
 dummy device, takes their virtual servers over in place (it owns them by the same rule),

@@ -5,7 +5,7 @@ what `kube-proxy --write-config-to` writes: `kubeproxy.config.k8s.io/v1alpha1`, 
 JSON. Every field with a meaning here becomes the value of the `ipvsproxy run` option that
 means the same (named as the CLI names its parameters, in the types the CLI takes); the CLI
 gives command-line flags (and the environment) precedence over it, and it precedence over
-defaults (README "Configuration file").
+defaults (docs/kube-proxy-compat.md).
 
 A field left at its zero value (null, "", 0, 0s, false), as kubeadm's file leaves them, is
 unset: the option keeps its default. Fields with no meaning here (another proxy mode's,

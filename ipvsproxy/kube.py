@@ -84,15 +84,18 @@ def connect(
     kubeconfig: Path | None,
     context: str | None,
     master: str | None = None,
+    origin: str = "--kubeconfig",
     observe: Observe = unobserved,
 ) -> Any:
     """An API client: `kubeconfig` if given, else in-cluster, else the default kubeconfig;
-    `master` overrides the server; `observe` is told of every request (the rest_client_*
-    metrics).
+    `master` overrides the server; `origin` names where `kubeconfig` came from in errors;
+    `observe` is told of every request (the rest_client_* metrics).
 
     The caller closes it (`.close()`); see `ipvsproxy.kubeclient.client`.
     """
-    return client(kubeconfig=kubeconfig, context=context, master=master, observe=observe)
+    return client(
+        kubeconfig=kubeconfig, context=context, master=master, origin=origin, observe=observe
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +188,8 @@ class Watcher:
         on_restart: Callable[[str, str], None] = lambda kind, reason: None,
     ) -> None:
         self.kind = kind
+        # the API server's URL, named by the errors (a test's fake client may have none)
+        self.server = getattr(getattr(api, "configuration", None), "host", "") or "the API server"
         self._list = _lister(api, kind, node_name)
         self._sink = sink
         self._stop = stop
@@ -217,7 +222,9 @@ class Watcher:
         error = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0
         level = logging.ERROR if isinstance(error, Unlistable) else logging.WARNING
-        log.log(level, "watch %s: %s; retrying in %.1fs", self.kind, error, wait)
+        log.log(
+            level, "watch %s from %s: %s; retrying in %.1fs", self.kind, self.server, error, wait
+        )
         self._on_restart(self.kind, "error")
 
     def step(self) -> None:
@@ -395,7 +402,9 @@ class Watcher:
             hint = {401: "is the token right?", 403: "does the service account have RBAC "
                     "get/list/watch on services, endpointslices and nodes?",
                     404: "does the server serve discovery.k8s.io/v1?"}[status]  # fmt: skip
-            return WatchError(f"cannot list {self.kind}s: {status} {reason} ({hint})")
+            return WatchError(
+                f"cannot list {self.kind}s from {self.server}: {status} {reason} ({hint})"
+            )
         return Transient(f"{status} {reason}")
 
 
@@ -409,7 +418,6 @@ def list_once(
     understand the API server is one `ApiUnavailable` line naming it; a refusal for good
     (401, 403, 404) stays a `WatchError`."""
     settings = settings or DIFF
-    host = getattr(getattr(api, "configuration", None), "host", "the API server")
     for kind in kinds:
         watcher = Watcher(
             kind, api=api, node_name=node_name, sink=sink, stop=threading.Event(),
@@ -418,7 +426,9 @@ def list_once(
         try:
             watcher.list_all()
         except (Transient, Gone) as exc:
-            raise ApiUnavailable(f"cannot read {kind}s from {host}: {_one_line(exc)}") from exc
+            raise ApiUnavailable(
+                f"cannot read {kind}s from {watcher.server}: {_one_line(exc)}"
+            ) from exc
 
 
 def _read_body(response: Any, cap: int, *, cut: bool = False) -> bytearray:

@@ -323,12 +323,14 @@ def client(
     kubeconfig: Path | None,
     context: str | None,
     master: str | None = None,
+    origin: str = "--kubeconfig",
     observe: Observe = unobserved,
 ) -> Client:
     """A `Client`: `kubeconfig` if given, else in-cluster, else the default kubeconfig
     (`$KUBECONFIG`, else ~/.kube/config). `master` (kube-proxy's --master) overrides the
     server's address; without a kubeconfig it is the whole configuration, as kube-proxy's
-    `createClient` makes it (no in-cluster credentials).
+    `createClient` makes it (no in-cluster credentials). `origin` is how an error names
+    where `kubeconfig` came from (--kubeconfig, or a --config file's field).
 
     The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
     with backoff itself, and a hidden retry would only delay seeing a failure.
@@ -337,9 +339,13 @@ def client(
     configuration = Configuration()
     if kubeconfig is not None:
         if not kubeconfig.is_file():
-            raise ConfigError(f"--kubeconfig {kubeconfig}: no such file")
-        _load_kubeconfig(str(kubeconfig), context, configuration)
+            # "--kubeconfig PATH", or "--config FILE: field clientConnection.kubeconfig: PATH"
+            sep = " " if origin == "--kubeconfig" else ": "
+            raise ConfigError(f"{origin}{sep}{kubeconfig}: no such file")
+        named = str(kubeconfig) if origin == "--kubeconfig" else f"{origin}: {kubeconfig}"
+        _load_kubeconfig(str(kubeconfig), context, configuration, named=named)
     elif not master:
+        _check_service_env()
         try:
             load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (ConfigException, OSError) as in_cluster:
@@ -351,6 +357,27 @@ def client(
     _check_server(configuration.host, "--master" if master else "the kubeconfig's server")
     configuration.retries = 0
     return Client(configuration, observe=observe)
+
+
+# The in-cluster address's variables and the keys of ipvsproxy's ConfigMap the DaemonSet sets
+# them from (deploy/base/objects/daemonset.yaml): empty there until the operator sets them
+_SERVICE_ENV = (
+    ("KUBERNETES_SERVICE_HOST", "apiserver-host"),
+    ("KUBERNETES_SERVICE_PORT", "apiserver-port"),
+)
+
+
+def _check_service_env() -> None:
+    """An in-cluster address variable set but empty is the DaemonSet's ConfigMap left as
+    shipped: a `ConfigError` naming the key to set (the library would only say "Service
+    host/port is set but empty")."""
+    for name, key in _SERVICE_ENV:
+        if os.environ.get(name) == "":
+            raise ConfigError(
+                f"{name} is set but empty: no API server address. In the DaemonSet it comes "
+                f"from key {key!r} of ConfigMap 'ipvsproxy': set it to the API server as "
+                "nodes reach it without a Service VIP (or give --kubeconfig or --master)"
+            )
 
 
 def _check_server(host: str, where: str) -> None:
@@ -370,10 +397,16 @@ _SHAPE = (TypeError, KeyError, AttributeError, ValueError)
 
 
 def _load_kubeconfig(
-    path: str | None, context: str | None, configuration: Any, *, also: str = ""
+    path: str | None,
+    context: str | None,
+    configuration: Any,
+    *,
+    also: str = "",
+    named: str = "",
 ) -> None:
-    """`load_kube_config`, its failures as one `ConfigError` line (`also`: what failed first)."""
-    where = path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    """`load_kube_config`, its failures as one `ConfigError` line (`also`: what failed first;
+    `named`: the path as the error names it, with where it came from)."""
+    where = named or path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
     try:
         kube_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, context=context, client_configuration=configuration

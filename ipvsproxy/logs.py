@@ -1,7 +1,8 @@
 """The process's log output: one handler on stderr, as text or as one JSON object a line.
 
 Owns: `configure(level, fmt)` (the CLI calls it once, before anything logs), `set_format(fmt)`
-(a configuration file's `logging.format` switches it later), `TextFormatter`, `JsonFormatter`.
+(a configuration file's `logging.format` switches it later), `TextFormatter`, `JsonFormatter`,
+`error_line(text)` (the CLI's last line on an error, in the log's format).
 docs/logging.md lists the fields.
 
 Text lines escape control characters (`escape()`): a name from input forges no line.
@@ -71,6 +72,18 @@ def set_format(fmt: str) -> None:
     chosen = formatter(fmt)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(chosen)
+
+
+def error_line(text: str) -> str:
+    """The line a command ends with on an error: `ipvsproxy: error: TEXT` (escaped), or,
+    while the log format is json, one JSON object as a log record's (level error), so that
+    a collector parsing the log reads it too."""
+    if any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers):
+        record = logging.makeLogRecord(
+            {"name": "ipvsproxy", "levelno": logging.ERROR, "levelname": "ERROR", "msg": text}
+        )
+        return JsonFormatter().format(record)
+    return f"ipvsproxy: error: {escape(text)}"
 
 
 def formatter(fmt: str) -> logging.Formatter:

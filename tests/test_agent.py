@@ -286,7 +286,7 @@ def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
         return 0, {}
 
 
-def test_readyz_waits_for_the_first_full_pass_while_the_api_is_held_back(host, tmp_path):
+def test_readyz_waits_for_the_first_full_pass_while_the_api_is_held_back(host, tmp_path, caplog):
     """A restart with the API server out of reach: the health port answers from the first
     moment (/livez and kube-proxy's /healthz 200: alive, "healthy while starting"), /readyz
     503 naming what it waits for, until the lists arrive and a full pass has written the
@@ -309,6 +309,7 @@ def test_readyz_waits_for_the_first_full_pass_while_the_api_is_held_back(host, t
         metrics_bind_address=("127.0.0.1", free_port()),
     )
     stop = threading.Event()
+    caplog.set_level(logging.INFO, logger="ipvsproxy")
     run = threading.Thread(
         target=agent.run, args=(config,), kwargs={"source": Cluster(kubeconfig), "stop": stop}
     )
@@ -333,6 +334,10 @@ def test_readyz_waits_for_the_first_full_pass_while_the_api_is_held_back(host, t
         run.join(30)
         api.stop()
     assert not run.is_alive()
+    # the server in use is named: at start, and by each retry while it is out of reach
+    server = f"https://127.0.0.1:{api.port}"
+    assert f"running: Kubernetes API at {server} via {kubeconfig}" in caplog.messages
+    assert any(m.startswith(f"watch Service from {server}: ") for m in caplog.messages)
 
 
 def test_cleanup_kube_proxy_refuses_until_the_agent_is_ready_unless_forced(monkeypatch, caplog):
@@ -421,3 +426,15 @@ def test_the_health_port_answers_while_the_start_up_steps_wait(host, monkeypatch
         stop.set()
         run.join(30)
     assert not run.is_alive()
+
+
+def test_the_source_in_words_names_the_api_server_in_use():
+    from ipvsproxy.agent import Cluster, describe_source
+
+    assert describe_source(Cluster(master="https://lb:6443")) == (
+        "Kubernetes API at https://lb:6443 (--master, no credentials)"
+    )
+    assert describe_source(Cluster(Path("kc")), server="https://10.0.0.1:6443") == (
+        "Kubernetes API at https://10.0.0.1:6443 via kc"
+    )
+    assert describe_source(Cluster()) == "Kubernetes API via in-cluster or default kubeconfig"

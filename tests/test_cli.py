@@ -233,7 +233,7 @@ def test_run_once_exit_codes(monkeypatch):
 
     done = PassResult(True, IpvsResult((op,), ApplyReport(1), EMPTY))
     monkeypatch.setattr(agent, "run_once", lambda config, *, manifest_paths: done)
-    result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900")
+    result = run("run", "--once", "--manifests", str(EXAMPLE), "--tcp-timeout", "900s")
     assert result.exit_code == 0
     assert "applied 1 of 1 operations" in result.stdout
 
@@ -402,3 +402,65 @@ def test_run_changes_nothing_on_the_node_before_the_credentials_load(
     assert str(kubeconfig) in result.stderr
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_empty_apiserver_host_names_the_configmap_key_in_one_json_line(tmp_path):
+    """The DaemonSet's ConfigMap as shipped (apiserver-host ""): the agent's last words name
+    the key to set and, under --log-format json (the DaemonSet's), are one JSON object."""
+    env = {"KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": "6443", "HOME": str(tmp_path)}
+    args = ["diff", "--kernel-state", str(STATE), *NODE]
+    result = CliRunner().invoke(main, ["--log-format", "json", *args], env=env)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    entry = json.loads(line)
+    assert (entry["level"], entry["logger"]) == ("error", "ipvsproxy")
+    assert entry["msg"].startswith("KUBERNETES_SERVICE_HOST is set but empty")
+    assert "key 'apiserver-host' of ConfigMap 'ipvsproxy'" in entry["msg"]
+    result = CliRunner().invoke(main, args, env=env)  # text: the usual one line
+    assert result.exit_code == 2
+    assert result.stderr.startswith("ipvsproxy: error: KUBERNETES_SERVICE_HOST is set but empty")
+    assert result.stderr.count("\n") == 1
+
+
+def duration_flags(command: str) -> list[str]:
+    """The options of `command` that take a duration and mean something here."""
+    from ipvsproxy.cli.help import IGNORED
+
+    cmd = main.commands[command]
+    return [
+        p.opts[0]
+        for p in cmd.params
+        if getattr(p, "metavar", None) == "DURATION" and getattr(p, "section", "") != IGNORED
+    ]
+
+
+@pytest.mark.parametrize("flag", [*duration_flags("run"), "--interval"])
+def test_a_duration_without_a_unit_is_refused_as_kube_proxy_refuses_it(monkeypatch, flag):
+    """Go's time.ParseDuration takes `30s`, and `0`, never `30`: every duration flag says so
+    in one line naming itself."""
+    from ipvsproxy import agent
+
+    monkeypatch.setattr(agent, "run", lambda config, *, source: None)
+    command = "status" if flag == "--interval" else "run"
+    result = run(command, "--manifests", str(EXAMPLE), flag, "30")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"ipvsproxy: error: {flag}: '30' has no unit: give a duration like 30s, 500ms or 1m30s\n"
+    )
+    if command == "run":  # 0 is a duration (--sync-period's own check refuses it)
+        assert "unit" not in run(command, "--manifests", str(EXAMPLE), flag, "0").stderr
+
+
+def test_a_config_files_duration_without_a_unit_is_refused_naming_the_field(tmp_path):
+    """kube-proxy's file has metav1.Durations: the same rule as the flags."""
+    path = tmp_path / "kp.yaml"
+    path.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        'ipvs:\n  syncPeriod: "30"\n'  # a number (30) is refused as one already
+    )
+    result = run("run", "--manifests", str(EXAMPLE), "--config", str(path))
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"ipvsproxy: error: --config {path}: field ipvs.syncPeriod: '30' has no unit: give a "
+        "duration like 30s, 500ms or 1m30s\n"
+    )

@@ -275,3 +275,39 @@ def test_cleanup_keep_ipvs_asks_for_the_rules_only(monkeypatch):
     refused = invoke("cleanup", "--keep-ipvs", "--kube-proxy")
     assert refused.exit_code == 2
     assert "--keep-ipvs" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "--masquerade-bit", "99"],
+         "--masquerade-bit: 99 is not in the range 0<=x<=31 (see 'main run -h')"),
+        (["--log-level", "x", "run"],
+         "--log-level: 'x' is not one of 'debug', 'info', 'warning', 'error' (see 'main -h')"),
+        (["diff", "--bogus"], "no such option '--bogus' (see 'main diff -h')"),
+        (["nosuch"], "no such command 'nosuch' (see 'main -h')"),
+        (["run", "--sync-period"], "option '--sync-period' requires an argument"),
+    ],
+)  # fmt: skip
+def test_usage_errors_are_one_line_as_the_other_errors(args, line):
+    result = invoke(*args)
+    assert result.exit_code == 2  # click's
+    assert result.stderr == f"ipvsproxy: error: {line}\n"
+
+
+def test_help_and_a_bare_group_are_left_to_click():
+    assert invoke("run", "--help").stdout.startswith("Usage: main run [OPTIONS]")
+    result = invoke()
+    assert "Commands:" in result.output
+    assert "ipvsproxy: error" not in result.output
+
+
+def test_prepare_help_names_the_agents_capabilities_as_the_daemonset_grants_them():
+    import yaml
+
+    daemonset = yaml.safe_load((ROOT / "deploy/base/objects/daemonset.yaml").read_text())
+    (agent_container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    added = agent_container["securityContext"]["capabilities"]["add"]
+    count = {1: "one", 2: "two", 3: "three", 4: "four"}[len(added)]
+    text = " ".join(invoke("prepare", "--help").stdout.split())
+    assert f"runs with {count} capabilities ({', '.join(added)})" in text

@@ -79,3 +79,35 @@ def test_every_anchor_of_a_relative_link_is_a_heading_there():
             if page.suffix == ".md" and page.exists() and anchor not in anchors(page):
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not broken, "links to missing headings:\n" + "\n".join(broken)
+
+
+def package_strings() -> list[tuple[str, str]]:
+    """Every string literal of the package (log lines, errors, `--help` texts, docstrings),
+    with where it is."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "ipvsproxy").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.value))
+    return found
+
+
+def test_every_doc_reference_in_the_packages_strings_exists():
+    """What the agent tells an operator to read (a warning's "see docs/fallback.md#schedulers",
+    a README section) is there: the page, its anchor, the README's heading."""
+    readme = {t.lower() for t in re.findall(r"^#+\s+(.*?)\s*$", (ROOT / "README.md").read_text(),
+                                            flags=re.MULTILINE)}  # fmt: skip
+    broken = []
+    for where, text in package_strings():
+        for page, anchor in re.findall(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?", text):
+            doc = ROOT / "docs" / page
+            if not doc.is_file() or (anchor and anchor not in anchors(doc)):
+                broken.append(f"{where}: docs/{page}{'#' + anchor if anchor else ''}")
+        for section in re.findall(r"README(?:'s)?,?\s+[\"']([^\"']+)[\"']", text):
+            if section.lower() not in readme:
+                broken.append(f"{where}: README section {section!r}")
+        if re.search(r"README(?!(?:'s)?,?\s+[\"'])", text):
+            broken.append(f"{where}: README without a section")
+    assert not broken, "references to missing docs:\n" + "\n".join(broken)

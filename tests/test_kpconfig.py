@@ -210,3 +210,45 @@ def test_proxy_mode_other_than_ipvs_is_refused():
     result = CliRunner().invoke(main, ["run", "--proxy-mode", "nftables"])
     assert result.exit_code == 2
     assert "--proxy-mode 'nftables': ipvsproxy is an IPVS proxy" in result.stderr
+
+
+def test_manifests_on_the_command_line_win_over_the_files_kubeconfig(tmp_path):
+    """kubeadm's config.conf names clientConnection.kubeconfig; `diff --manifests` with it
+    reads the manifests (flags win over the file, as in kube-proxy), no conflict."""
+    root = Path(__file__).parent.parent / "examples"
+    args = ["diff", "--config", str(KUBEADM), "--manifests", str(root / "cluster.yaml")]
+    more = ["--kernel-state", str(root / "kernel-state.txt"), "--hostname-override", "node-a"]
+    result = CliRunner().invoke(main, [*args, *more])
+    assert result.exit_code == 1, result.output  # changes pending: the manifests were read
+    assert "exclude each other" not in result.stderr
+    result = CliRunner().invoke(main, [*args, "--kubeconfig", str(tmp_path / "kc"), *more])
+    assert result.exit_code == 2  # given on the command line: still a conflict
+    assert "--manifests and --kubeconfig/--context/--master exclude each other" in result.stderr
+
+
+def test_a_missing_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_path):
+    path = tmp_path / "config.conf"
+    doc = yaml.safe_load(KUBEADM.read_text())
+    doc["clientConnection"]["kubeconfig"] = str(tmp_path / "kubeconfig.conf")
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["diff", "--config", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"ipvsproxy: error: --config {path}: field clientConnection.kubeconfig: "
+        f"{tmp_path}/kubeconfig.conf: no such file\n"
+    )
+
+
+def test_an_unreadable_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig.conf"
+    kubeconfig.write_text("foo: [\n")
+    path = tmp_path / "config.conf"
+    doc = yaml.safe_load(KUBEADM.read_text())
+    doc["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["diff", "--config", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "ipvsproxy: error: cannot load the Kubernetes client configuration (--config "
+        f"{path}: field clientConnection.kubeconfig: {kubeconfig}: not valid YAML"
+    )

@@ -79,7 +79,7 @@ def test_an_alias_bomb_as_config_is_refused(monkeypatch, tmp_path):
         ("syncPeriod", "--sync-period", "99999999999h"),
         ("minSyncPeriod", "--min-sync-period", "99999999999h"),
         ("tcpTimeout", "--tcp-timeout", "10000h"),
-        ("udpTimeout", "--udp-timeout", "1e300"),
+        ("udpTimeout", "--udp-timeout", "1" + "0" * 300 + "s"),
     ],
 )
 def test_durations_are_capped_in_the_flag_and_the_file(monkeypatch, tmp_path, field, flag, value):

@@ -388,9 +388,9 @@ def test_in_run_a_page_of_one_object_over_the_cap_is_an_error_retried_with_backo
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == len(run.restarts)
     assert all(
-        re.fullmatch(r"watch Service: a page of 1 Service is over the 1 MiB page cap, so the "
-                     r"list cannot complete \(response of 2[\d.]* MiB, over 1 MiB\); retrying in "
-                     r"[\d.]+s", error)
+        re.fullmatch(r"watch Service from https://\S+: a page of 1 Service is over the 1 MiB "
+                     r"page cap, so the list cannot complete \(response of 2[\d.]* MiB, over "
+                     r"1 MiB\); retrying in [\d.]+s", error)
         for error in errors
     ), errors  # fmt: skip
     # every attempt the same bounded series; a new one only after a logged backoff

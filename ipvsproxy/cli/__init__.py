@@ -324,9 +324,10 @@ def cleanup(
 def prepare(**opts: Any) -> None:
     """Load the IPVS modules and set the kernel settings ipvsproxy needs, then exit.
 
-    For a privileged init container, so that the agent itself runs with three capabilities
-    and a read-only /proc/sys. `run` checks the same settings at start. Exit 0, or 3 when a
-    setting cannot be written (the conntrack ones, `--conntrack-*`, only warn, as in `run`).
+    For a privileged init container, so that the agent itself runs with two capabilities
+    (NET_ADMIN, NET_RAW) and a read-only /proc/sys. `run` checks the same settings at start.
+    Exit 0, or 3 when a setting cannot be written (the conntrack ones, `--conntrack-*`, only
+    warn, as in `run`).
     """
     from_config_file(opts, warn=False)
     config = Config(

@@ -313,23 +313,23 @@ def logging_options(func: F) -> F:
 
 
 def errors_to_exit(func: F) -> F:
-    """Our errors become one line on stderr and exit status 2; never a traceback."""
+    """Our errors become one line on stderr (a JSON object under --log-format json) and an
+    exit status (`EXIT_ERROR` unless more precise); never a traceback."""
+    in_run = func.__name__ == "run"
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except FallbackRefused as exc:
-            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
-            sys.exit(EXIT_NO_FALLBACK)
-        except FirewallUnavailable as exc:
-            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
-            sys.exit(EXIT_NO_COMPANION if func.__name__ == "run" else EXIT_ERROR)
-        except KernelUnavailable as exc:
-            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
-            sys.exit(EXIT_STARTUP_FAILURE if func.__name__ in ("run", "prepare") else EXIT_ERROR)
         except IpvsproxyError as exc:
-            click.echo(f"ipvsproxy: error: {logs.escape(str(exc))}", err=True)
+            click.echo(logs.error_line(str(exc)), err=True)
+            if isinstance(exc, FallbackRefused):
+                sys.exit(EXIT_NO_FALLBACK)
+            if isinstance(exc, FirewallUnavailable):
+                sys.exit(EXIT_NO_COMPANION if in_run else EXIT_ERROR)
+            if isinstance(exc, KernelUnavailable):
+                startup = func.__name__ in ("run", "prepare")
+                sys.exit(EXIT_STARTUP_FAILURE if startup else EXIT_ERROR)
             sys.exit(EXIT_ERROR)
 
     return wrapper  # type: ignore[return-value]

@@ -51,13 +51,19 @@ def flag(name: str, option: str) -> str:
 
 
 def make_source(opts: dict[str, Any]) -> agent.Source:
+    """--manifests, else the API. --config's clientConnection.kubeconfig yields to
+    --manifests (as kube-proxy's flags win over its file); --kubeconfig, --context or
+    --master given with it is an error."""
     paths = tuple(opts.pop("manifest_paths"))
     kubeconfig, context, master = opts.pop("kubeconfig"), opts.pop("context"), opts.pop("master")
+    origin = flag("kubeconfig", "--kubeconfig")
+    if paths and origin.startswith("--config"):
+        kubeconfig = None
     if paths and (kubeconfig or context or master):
         raise ConfigError("--manifests and --kubeconfig/--context/--master exclude each other")
     if paths:
         return agent.Manifests(paths)
-    return agent.Cluster(kubeconfig, context, master or None)
+    return agent.Cluster(kubeconfig, context, master or None, origin=origin)
 
 
 def ownership_config(opts: dict[str, Any]) -> dict[str, Any]:

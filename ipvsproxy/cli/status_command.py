@@ -165,7 +165,8 @@ def _status_reader(
 def _show_status(
     read: StatusReader, selector: Any, *, output: str, watch: bool, interval: float
 ) -> None:
-    """One document (exit 0 in sync, 1 drift), or --watch's frames until Ctrl-C. A one-shot
+    """One document (exit 0 in sync, 1 drift; 2 when the Service selected is not there), or
+    --watch's frames until Ctrl-C. A one-shot
     document without rates (the agent's first sample) is read again once the kernel has
     refreshed its counters (traffic.KERNEL_REFRESH, 2 s)."""
     import time
@@ -175,6 +176,9 @@ def _show_status(
     out = sys.stdout
     if not watch:
         doc = read(selector)
+        if selector is not None and not doc["services"]:  # a typo must not read "in sync"
+            port = f" with a port {selector.port!r}" if selector.port else ""
+            raise IpvsproxyError(f"no Service {selector.namespace}/{selector.name}{port}")
         if doc["rateWindowSeconds"] is None and _has_counters(doc):
             time.sleep(KERNEL_REFRESH)
             doc = read(selector)
@@ -204,5 +208,9 @@ def _status_text(doc: dict[str, Any], output: str, *, compact: bool) -> str:
 
     if output == "json":
         return json.dumps(doc) + "\n" if compact else json.dumps(doc, indent=2) + "\n"
-    width = shutil.get_terminal_size((100, 24)).columns
-    return render(doc, width=width, wide=output == "wide")
+    wide = output == "wide"
+    if wide and not sys.stdout.isatty():
+        width = sys.maxsize  # piped or saved: -o wide means every column whole, nothing cut
+    else:
+        width = shutil.get_terminal_size((100, 24)).columns
+    return render(doc, width=width, wide=wide)

@@ -40,7 +40,7 @@ restore names in a sorted linked list, and each rule costs a walk to its chain's
 jump target's place in it. With a Service's chains side by side in name order, and
 `transaction()` writing them Service by Service in descending order, every walk is short:
 loading 1000 Services x 10 endpoints went from 4.3 s to 0.23 s of `iptables-restore` user
-time (measured; see the README's fallback benchmark). The fixed chains (SERVICES, POSTROUTING,
+time (measured: docs/performance.md#the-iptables-fallback). The fixed chains (SERVICES, POSTROUTING,
 MARK-MASQ) sort before every hashed one, and SERVICES lists its virtual servers in
 descending chain-name order for the same reason.
 

@@ -59,7 +59,9 @@ def window_of(
     window = default
     if text is not None:
         try:
-            window = parse_duration(text, option=SLOW_START_ANNOTATION, maximum=MAX_WINDOW)
+            window = parse_duration(
+                text, option=SLOW_START_ANNOTATION, maximum=MAX_WINDOW, bare_seconds=True
+            )
         except ConfigError as exc:
             return 0.0, f"Service {ref}: {exc}; slow start is off"
     if window and not scheduler.honours_weights:

@@ -186,3 +186,36 @@ def test_the_agents_address_from_configs_metrics_bind_address(tmp_path):
     result = run("status", "--config", str(config))
     assert result.exit_code == 2
     assert f"no agent answers at http://127.0.0.1:{port}" in result.stderr
+
+
+def test_a_service_that_is_not_there_is_an_error_not_in_sync(served, objects, tmp_path):
+    """A typo in the selector exits 2 naming it (from the agent and computed alike); it never
+    reads "in sync", exit 0."""
+    result = run("status", "--agent", served.url, "demo/typo")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "ipvsproxy: error: no Service demo/typo\n"
+    result = run("status", "--agent", served.url, "demo/web:nope")
+    assert result.exit_code == 2
+    assert result.stderr == "ipvsproxy: error: no Service demo/web with a port 'nope'\n"
+    saved = tmp_path / "ipvsadm.txt"
+    saved.write_text("")
+    result = run("status", "--manifests", objects, "--kernel-state", str(saved),
+                 "--hostname-override", "node-a", "-o", "json", "prod/web")  # fmt: skip
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "ipvsproxy: error: no Service prod/web\n"
+
+
+def test_wide_piped_is_never_cut(monkeypatch):
+    """-o wide into a pipe or a file keeps every column whole (the terminal's width is for a
+    terminal); the default table is still sized."""
+    monkeypatch.setenv("COLUMNS", "80")
+    examples = Path(__file__).parent.parent.parent / "examples"
+    state = str(examples / "kernel-state.txt")
+    args = ["status", "--manifests", str(examples), "--kernel-state", state,
+            "--hostname-override", "node-a", "demo/web"]  # fmt: skip
+    wide = run(*args, "-o", "wide").stdout.splitlines()
+    assert max(map(len, wide)) > 100
+    assert not any(line.endswith("~") for line in wide)
+    assert "terminating, and ready endpoints exist" in "\n".join(wide)
+    table = run(*args).stdout.splitlines()
+    assert max(map(len, table)) <= 80
