@@ -36,6 +36,7 @@ import yaml
 from click.testing import CliRunner
 from kubernetes.client import ApiClient
 
+from integration.docblocks import blocks
 from ipvsproxy import agent
 from ipvsproxy.cli import main
 from ipvsproxy.config import Config
@@ -601,13 +602,32 @@ def test_vagrant_defaults_to_a_control_plane_and_two_workers_and_takes_a_count()
         assert f"integration/vagrant/{script.name}" in text or script.stem in text
 
 
-def test_provisioning_scripts_pass_shellcheck_and_skip_kube_proxy():
+def test_provisioning_scripts_pass_shellcheck_and_install_kube_proxy_the_kubeadm_way():
     assert PROVISIONING
     check(tool("shellcheck"), *map(str, PROVISIONING))
-    assert (
-        "--skip-phases addon/kube-proxy"
-        in (ROOT / "integration/vagrant/control-plane.sh").read_text()
-    )
+    init = (ROOT / "integration/vagrant/control-plane.sh").read_text()
+    assert "kubeadm init --config" in init
+    assert "skip-phases" not in init  # kube-proxy is there first, as on the clusters that move
+    assert "kind: KubeProxyConfiguration" in init
+
+
+def test_the_vagrant_takeover_runs_the_migration_pages_own_commands():
+    """takeover.sh runs migration.md's steps 1, 2 and 3 from the page (docblocks.py): the
+    sections it names exist, each once, and hold the commands of the procedure; the
+    Vagrantfile runs it once the last node is up."""
+    script = (ROOT / "integration/vagrant/takeover.sh").read_text()
+    sections = re.findall(r"doc '(## [^']+)'", script)
+    assert sections == ["## 1.", "## 2.", "## 3."]
+    text = (ROOT / "docs/migration.md").read_text()
+    one, two, three = ("".join(blocks(text, s)) for s in sections)
+    assert "kubectl -n kube-system patch daemonset kube-proxy" in one
+    assert "kubectl apply -k deploy/overlays/kubeadm" in two
+    assert re.search(r"^NODE=", three, flags=re.MULTILINE)  # the example node, replaced
+    assert 'kubectl label node "$NODE" ipvsproxy.io/proxy=ipvsproxy' in three
+    assert "ipvsproxy cleanup --kube-proxy" in three
+    vagrantfile = (ROOT / "Vagrantfile").read_text()
+    assert "trigger.after [:up, :provision]" in vagrantfile
+    assert "/vagrant/integration/vagrant/takeover.sh" in vagrantfile
 
 
 def test_the_projects_own_scripts_pass_shellcheck():
@@ -623,10 +643,8 @@ def test_the_projects_own_scripts_pass_shellcheck():
 
 
 def doc_blocks(page: str, heading: str) -> list[str]:
-    """The shell blocks of one `## heading` section of docs/`page`."""
-    text = (ROOT / "docs" / page).read_text()
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    """The shell blocks of the `## heading` section of docs/`page` (that heading exactly)."""
+    return blocks((ROOT / "docs" / page).read_text(), f"## {heading}\n")
 
 
 INSTALL_SECTIONS = ("Install", "Install on kubeadm", "kubespray")  # docs/deployment.md's
