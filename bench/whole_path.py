@@ -365,7 +365,7 @@ def agent_rows(
         kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         log_path = work / "agent.log"
         cmd = [
-            IPVSPROXY, "--log-format", "json", "run", "--kubeconfig", str(kubeconfig),
+            IPVSPROXY, "--log-format", "json", "run", "--v", "2", "--kubeconfig", str(kubeconfig),
             *NODE_FLAGS,
             "--min-sync-period", f"{args.min_sync_period}s",
             "--sync-period", f"{args.sync_period}s",

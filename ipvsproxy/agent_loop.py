@@ -3,7 +3,8 @@
 Owns: `AgentLoop`. Each call: wait until every required kind has listed (never program a
 partial view), take the changed Services from the tracker, run one pass of the proxier
 (proxier.py: full every `--sync-period` or after the node changed, partial in between),
-record metrics and health, log one summary line, and ask the runner for an early retry
+record metrics and health, log a summary line (at the default verbosity only for a pass that
+wrote or failed something; every pass at --v 2), and ask the runner for an early retry
 when an operation failed, endpoints are draining, or a slow-start ramp takes its next step.
 
 After each completed pass it also tells the health server whether this node is eligible
@@ -198,13 +199,17 @@ class AgentLoop:
             "services_changed": len(changes.services),
             "firewall_seconds": round(result.firewall_seconds, 3),
         }
+        # At the default verbosity a pass is logged when it wrote or failed something (a
+        # Service programmed, an endpoint drained or removed, a refusal): an idle resync, or a
+        # pass that only polls a drain, says nothing; every pass at --v 2 (kube-proxy's V(2)).
+        wrote = report.failures or result.sync.plan or result.firewall_changes
         log.info(
             "sync: %(operations)d operations (%(failed)d failed), %(virtual_servers)d virtual "
             "servers, %(real_servers)d real servers, %(draining)d draining, %(firewall_changes)d "
             "firewall changes, %(seconds).3fs (%(pass)s, %(services_changed)d Services changed, "
             "firewall %(firewall_seconds).3fs)",
             counts,
-            extra=counts,
+            extra=counts if wrote else {**counts, "v": 2},
         )
         self.last = result
         now = self._wall_clock()

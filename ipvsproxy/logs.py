@@ -50,11 +50,30 @@ def escape(text: str) -> str:
     return text.translate(_SHOWN)
 
 
+class Verbosity(logging.Filter):
+    """klog's verbosity for records at info: one logged with `extra={"v": N}` is written only
+    when the verbosity (`--v`, or `logging.verbosity` of `--config`) is N or more, as
+    kube-proxy's `klog.V(N).Info` (its per-sync line is V(2)). Records without `v` pass."""
+
+    level = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "v", 0) <= Verbosity.level
+
+
+def set_verbosity(verbosity: int) -> None:
+    """`--v N`: records of verbosity up to N are written; 4 or more also means debug."""
+    Verbosity.level = verbosity
+    if verbosity >= 4:
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
 def configure(level: str, fmt: str, *, stream: TextIO | None = None) -> None:
     """Log records at `level` and above to `stream` (stderr) in format `fmt` (text or json),
     replacing any handler set before."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(fmt))
+    handler.addFilter(Verbosity())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     set_level(level)
 

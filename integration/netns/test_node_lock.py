@@ -78,7 +78,7 @@ class Agent:
     def __init__(self, ns: str, tmp: Path, name: str, *extra: str) -> None:
         self.log = tmp / f"{name}.log"
         self.manifest = manifest(tmp / f"{name}.yaml", extra[0] if extra else "10.96.0.20")
-        args = ["ip", "netns", "exec", ns, IPVSPROXY, "--log-format", "json", "run",
+        args = ["ip", "netns", "exec", ns, IPVSPROXY, "--log-format", "json", "run", "--v", "2",
                 "--manifests", str(self.manifest), "--hostname-override", "node-a",
                 "--min-sync-period", "100ms", *ports(ns), *extra[1:]]  # fmt: skip
         with self.log.open("wb") as out:

@@ -191,8 +191,7 @@ def apply_logging(opts: dict[str, Any]) -> None:
         logs.set_level(level)
     if given(ctx, "log_format") or "log_format" in ctx.meta.get(FIELDS, {}):
         logs.set_format(log_format)
-    if verbosity >= 4:
-        logging.getLogger().setLevel(logging.DEBUG)
+    logs.set_verbosity(verbosity)
 
 
 def conntrack_config(opts: dict[str, Any]) -> dict[str, Any]:

@@ -202,3 +202,33 @@ def test_a_refused_operation_is_an_error_line_naming_service_servers_and_error(c
     assert agent.sync.last is not None
     counts = (summary.__dict__["operations"], summary.__dict__["failed"])
     assert counts == (len(agent.sync.last.sync.plan), 1)
+
+
+@pytest.mark.usefixtures("root_logging")
+@pytest.mark.parametrize(("verbosity", "lines"), [(0, 2), (2, 5)])
+def test_a_pass_that_writes_nothing_is_logged_only_at_v_2(verbosity, lines):
+    """kube-proxy logs its per-sync line at V(2): at the default verbosity a pass is logged
+    when it wrote something (the first one, a removed endpoint), and idle resyncs (thousands
+    a day) say nothing; with --v 2 every pass has its line."""
+    from tests.support import Agent
+    from tests.test_agent_loop import web_slice
+
+    stream = io.StringIO()
+    logs.configure("info", "json", stream=stream)
+    logs.set_verbosity(verbosity)
+    try:
+        agent = Agent()
+        agent.feed(service("web"), web_slice("10.244.0.1", "10.244.0.2"))
+        agent.sync()  # writes the Service
+        agent.sync.request_full()
+        agent.sync()  # a full resync that finds nothing to do
+        agent.sync()
+        agent.feed(service("web"), web_slice("10.244.0.1"))
+        agent.sync()  # an endpoint goes
+        agent.sync()
+    finally:
+        logs.set_verbosity(0)
+    passes = [json.loads(line) for line in stream.getvalue().splitlines()]
+    passes = [p for p in passes if p["msg"].startswith("sync: ")]
+    assert len(passes) == lines, [p["msg"] for p in passes]
+    assert all(p["operations"] for p in passes) or verbosity == 2
