@@ -140,7 +140,7 @@ def node_policy(config: Config, pod_cidrs: tuple[IPNetwork, ...] = ()) -> NodePo
 
 
 class Frontend(enum.StrEnum):
-    """How traffic reaches a virtual server (the values of sync.desired's `Reach`)."""
+    """How traffic reaches a virtual server (sync.desired's `Access.reach`)."""
 
     CLUSTER_IP = "cluster-ip"
     EXTERNAL_IP = "external-ip"
@@ -159,7 +159,7 @@ class AccessLike(Protocol):
     the sync layer, so it names the fields, not the class)."""
 
     @property
-    def reach(self) -> str: ...
+    def reach(self) -> Frontend: ...
     @property
     def local(self) -> bool: ...
     @property
@@ -194,7 +194,7 @@ def frontend_policy(access: AccessLike | None, *, bound: bool) -> FrontendPolicy
         frontend = Frontend.CLUSTER_IP if bound else Frontend.NODE_PORT
         local = False
     else:
-        frontend = Frontend(str(access.reach))
+        frontend = access.reach
         local, ranges = access.local, tuple(access.source_ranges)
     if frontend is Frontend.CLUSTER_IP:
         masquerade = Masquerade.OUTSIDE

@@ -9,7 +9,8 @@ from bench.common import BENCH_NODE, NODES, cluster, expected_counts, node_ip
 from ipvsproxy import manifests
 from ipvsproxy.config import Config
 from ipvsproxy.model import Proto
-from ipvsproxy.sync.desired import Reach, from_objects
+from ipvsproxy.policy import Frontend
+from ipvsproxy.sync.desired import from_objects
 
 
 def test_generated_cluster_translates_to_the_expected_counts(tmp_path):
@@ -26,10 +27,10 @@ def test_generated_cluster_translates_to_the_expected_counts(tmp_path):
         200, 10
     )
     assert all(len(d) == 10 for d in state.dests.values())
-    node_ports = [k for k, a in desired.access.items() if a.reach is Reach.NODE_PORT]
+    node_ports = [k for k, a in desired.access.items() if a.reach is Frontend.NODE_PORT]
     assert len(node_ports) == 20
     assert {k.address for k in node_ports} == {ip_address(node_ip(0))}
-    cluster_ips = [k for k, a in desired.access.items() if a.reach is Reach.CLUSTER_IP]
+    cluster_ips = [k for k, a in desired.access.items() if a.reach is Frontend.CLUSTER_IP]
     assert all(k.address in ip_network("10.96.0.0/16") for k in cluster_ips)
     assert {k.proto for k in state.services} == {Proto.TCP}
     # endpoints spread over the nodes, this one included

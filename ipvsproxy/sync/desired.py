@@ -45,6 +45,7 @@ from ipvsproxy.model import (
     VSKey,
     destinations,
 )
+from ipvsproxy.policy import Frontend
 from ipvsproxy.schedulers import Choice, resolve
 from ipvsproxy.sync.slowstart import FULL_WEIGHT, window_of
 
@@ -59,15 +60,6 @@ class TrafficPolicy(enum.StrEnum):
 # (traffic policy, IP version): a Local policy found no endpoint on this node in that
 # family, so the cluster's endpoints are used (kube-proxy PR 97081) and it is counted
 NoLocal = tuple[TrafficPolicy, int]
-
-
-class Reach(enum.StrEnum):
-    """How traffic reaches a virtual server (what the firewall iptables rules need)."""
-
-    CLUSTER_IP = "cluster-ip"
-    EXTERNAL_IP = "external-ip"
-    LOAD_BALANCER = "load-balancer"
-    NODE_PORT = "node-port"
 
 
 class Reason(enum.StrEnum):
@@ -102,7 +94,7 @@ class Skipped(enum.StrEnum):
 class Access:
     """A virtual server's kind of address, traffic policy and source ranges."""
 
-    reach: Reach
+    reach: Frontend
     local: bool = False  # externalTrafficPolicy: Local (keep the client's address)
     source_ranges: tuple[IPNetwork, ...] = ()  # loadBalancerSourceRanges
 
@@ -153,7 +145,7 @@ class _Frontend:
     port: int
     external: bool  # subject to externalTrafficPolicy (else internalTrafficPolicy)
     bind: bool  # the address goes on the dummy device
-    reach: Reach = Reach.CLUSTER_IP
+    reach: Frontend = Frontend.CLUSTER_IP
 
 
 # (endpoint, port number) pairs for one Service port
@@ -332,7 +324,7 @@ def _translate(
             access = Access(
                 front.reach,
                 local=front.external and svc.external_local,
-                source_ranges=svc.source_ranges if front.reach is Reach.LOAD_BALANCER else (),
+                source_ranges=svc.source_ranges if front.reach is Frontend.LOAD_BALANCER else (),
             )
             dests = destinations(usable, weight)
             entries[vs.key] = Entry(vs, dests, front.bind, origin, access, window)
@@ -403,16 +395,16 @@ def _frontends(
     for ip in svc.lb_ingress_ips:
         if ip.version in families:
             bind = ip not in node.addresses
-            yield _Frontend(ip, port.port, external=True, bind=bind, reach=Reach.LOAD_BALANCER)
+            yield _Frontend(ip, port.port, external=True, bind=bind, reach=Frontend.LOAD_BALANCER)
     for ip in svc.external_ips:
         if ip.version in families:
             bind = ip not in node.addresses
-            yield _Frontend(ip, port.port, external=True, bind=bind, reach=Reach.EXTERNAL_IP)
+            yield _Frontend(ip, port.port, external=True, bind=bind, reach=Frontend.EXTERNAL_IP)
     if port.node_port and svc.type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
         for ip in node.primary if config.nodeport_primary else node.addresses:
             if ip.version in families and config.selects_nodeport_address(ip):
                 yield _Frontend(
-                    ip, port.node_port, external=True, bind=False, reach=Reach.NODE_PORT
+                    ip, port.node_port, external=True, bind=False, reach=Frontend.NODE_PORT
                 )
 
 

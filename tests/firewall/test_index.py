@@ -27,7 +27,8 @@ from ipvsproxy.model import (
     VSKey,
     state_of,
 )
-from ipvsproxy.sync.desired import Access, Reach
+from ipvsproxy.policy import Frontend
+from ipvsproxy.sync.desired import Access
 from tests.support import FakeHost
 
 LOOP_BACK = "IPVSPROXY-LOOP-BACK"
@@ -41,10 +42,10 @@ ENDPOINTS = [ip_address(a) for a in ("10.244.1.2", "10.244.1.3", "10.244.2.2", "
 
 ACCESS = [
     None,
-    Access(Reach.CLUSTER_IP),
-    Access(Reach.NODE_PORT),
-    Access(Reach.NODE_PORT, local=True),
-    Access(Reach.LOAD_BALANCER),
+    Access(Frontend.CLUSTER_IP),
+    Access(Frontend.NODE_PORT),
+    Access(Frontend.NODE_PORT, local=True),
+    Access(Frontend.LOAD_BALANCER),
 ]
 
 
@@ -182,7 +183,7 @@ def test_a_set_growing_past_half_its_capacity_is_rebuilt_by_the_index():
     index.take()  # creates the empty sets at ipset's default size
     for n in range(32_769):
         key = VSKey(ip_address(f"10.{n >> 16}.{n >> 8 & 255}.{n & 255}"), 80, Proto.TCP)
-        index.update(key, entries_for(key, Access(Reach.NODE_PORT), [], local=(), bound=False))
+        index.update(key, entries_for(key, Access(Frontend.NODE_PORT), [], local=(), bound=False))
     changes = {change.name: change for change in index.take()}
     # a NodePort is on a node address: recorded as ipvsproxy's too (the same size)
     assert changes.keys() == {"IPVSPROXY-NODE-PORT", "IPVSPROXY-CREATED"}

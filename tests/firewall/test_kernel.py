@@ -27,7 +27,8 @@ from ipvsproxy.firewall.rules import LocalMode, Options, render
 from ipvsproxy.firewall.sets import SetState, all_sets, entries_for, wanted
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
-from ipvsproxy.sync.desired import Access, Reach
+from ipvsproxy.policy import Frontend
+from ipvsproxy.sync.desired import Access
 from tests.strategies import states
 from tests.support import FakeHost, RecordingCommands, ScriptedCommands
 
@@ -70,7 +71,7 @@ def test_load_balancer_source_ranges_become_a_firewall_with_allowed_ranges():
     key = VSKey(ip_address("203.0.113.10"), 443, Proto.TCP)
     state = state_of({VirtualServer(key): []}, bound=frozenset({key.address}))
     ranges = (ip_network("192.0.2.0/24"), ip_network("198.51.100.7/32"), ip_network("0.0.0.0/0"))
-    sets = wanted(state, {key: Access(Reach.LOAD_BALANCER, source_ranges=ranges)})
+    sets = wanted(state, {key: Access(Frontend.LOAD_BALANCER, source_ranges=ranges)})
     assert entries(sets, "LB-FW") == {"203.0.113.10,tcp:443"}
     assert entries(sets, "LB-SOURCE") == {
         "203.0.113.10,tcp:443,192.0.2.0/24",

@@ -30,7 +30,7 @@ from ipvsproxy.policy import (
     node_policy,
 )
 from ipvsproxy.proxier import Proxier
-from ipvsproxy.sync.desired import Access, Desired, Reach
+from ipvsproxy.sync.desired import Access, Desired
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
@@ -143,7 +143,7 @@ def test_source_ranges_guard_the_load_balancer_frontend_only():
     assert sets.sets["IPVSPROXY-LB-SOURCE"][2] == {f"{LB_IP},tcp:80,192.0.2.0/24"}
 
 
-@pytest.mark.parametrize("reach", [Reach.CLUSTER_IP, Reach.EXTERNAL_IP, Reach.NODE_PORT])
+@pytest.mark.parametrize("reach", [Frontend.CLUSTER_IP, Frontend.EXTERNAL_IP, Frontend.NODE_PORT])
 def test_the_policy_itself_never_filters_other_frontends(reach):
     """Even given source ranges (desired.py passes them for LoadBalancers only), the
     policy applies them to no other frontend: the second line of defence."""
@@ -247,7 +247,7 @@ def test_an_access_change_without_an_operation_is_repaired_by_the_next_full_sync
 
 ACCESS = st.builds(
     Access,
-    st.sampled_from(list(Reach)),
+    st.sampled_from(list(Frontend)),
     st.booleans(),
     st.lists(st.sampled_from(["192.0.2.0/24", "0.0.0.0/0", "2001:db8::/32"]), max_size=2).map(
         lambda nets: tuple(ip_network(n) for n in nets)
@@ -265,8 +265,10 @@ def test_both_backends_decide_alike(access, masquerade_all, cidr):
     )
     policy = frontend_policy(access, bound=True)
     assert policy.frontend is Frontend(access.reach.value)
-    assert policy.firewalled == (access.reach is Reach.LOAD_BALANCER and bool(access.source_ranges))
-    if access.reach is Reach.CLUSTER_IP:
+    assert policy.firewalled == (
+        access.reach is Frontend.LOAD_BALANCER and bool(access.source_ranges)
+    )
+    if access.reach is Frontend.CLUSTER_IP:
         assert policy.masquerade is Masquerade.OUTSIDE
     else:
         assert policy.masquerade is (Masquerade.NEVER if access.local else Masquerade.ALWAYS)

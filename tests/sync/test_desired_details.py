@@ -17,8 +17,9 @@ from ipvsproxy.api import (
 )
 from ipvsproxy.config import Config
 from ipvsproxy.model import Proto
+from ipvsproxy.policy import Frontend
 from ipvsproxy.schedulers import Scheduler
-from ipvsproxy.sync.desired import Access, Contribution, Reach, translate_service
+from ipvsproxy.sync.desired import Access, Contribution, translate_service
 from tests.factories import (
     BOTH,
     LOCAL,
@@ -53,10 +54,10 @@ def test_source_ranges_reach_only_the_load_balancer_ingress_entries():
     desired = translate(lb_service(), WEB_SLICE, node())
     ranges = tuple(ip_network(r) for r in RANGES)
     assert desired.access == {
-        V("10.96.0.10").key: Access(Reach.CLUSTER_IP),
-        V("198.51.100.7").key: Access(Reach.EXTERNAL_IP),
-        V("203.0.113.1").key: Access(Reach.LOAD_BALANCER, source_ranges=ranges),
-        V("192.168.0.10", 31000).key: Access(Reach.NODE_PORT),
+        V("10.96.0.10").key: Access(Frontend.CLUSTER_IP),
+        V("198.51.100.7").key: Access(Frontend.EXTERNAL_IP),
+        V("203.0.113.1").key: Access(Frontend.LOAD_BALANCER, source_ranges=ranges),
+        V("192.168.0.10", 31000).key: Access(Frontend.NODE_PORT),
     }
 
 
@@ -65,7 +66,9 @@ def test_an_address_both_load_balancer_ip_and_external_ip_keeps_the_source_range
     keeps the LoadBalancer's source ranges (fail closed), whatever order lists it."""
     desired = translate(lb_service(externalIPs=["203.0.113.1"]), WEB_SLICE, node())
     ranges = tuple(ip_network(r) for r in RANGES)
-    assert desired.access[V("203.0.113.1").key] == Access(Reach.LOAD_BALANCER, source_ranges=ranges)
+    assert desired.access[V("203.0.113.1").key] == Access(
+        Frontend.LOAD_BALANCER, source_ranges=ranges
+    )
     assert not [w for w in desired.warnings if "already used" in w]
 
 
@@ -144,7 +147,7 @@ def test_the_same_address_twice_in_one_service_is_harmless_and_the_first_claim_s
         "198.51.100.7",
         "198.51.100.8",
     )
-    assert desired.access[V("10.96.0.10").key] == Access(Reach.CLUSTER_IP)  # not external
+    assert desired.access[V("10.96.0.10").key] == Access(Frontend.CLUSTER_IP)  # not external
     assert [w for w in desired.warnings if "Node" not in w] == []
 
 
@@ -159,7 +162,7 @@ def test_two_ports_of_one_service_claiming_one_virtual_server_warn():
     desired = translate(svc, slice_(ports=(("a", 8080, "TCP"), ("b", 9090, "TCP"))), node())
     key = V("192.168.0.10", 30080).key
     assert desired.origins[key] == "default/web:a"
-    assert desired.access[key] == Access(Reach.EXTERNAL_IP)
+    assert desired.access[key] == Access(Frontend.EXTERNAL_IP)
     assert [w for w in desired.warnings if "already used" in w] == [
         f"Service default/web:b: {key} is already used by default/web:a"
     ]
