@@ -645,7 +645,7 @@ def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True, force: bool = F
 
 
 def cleanup_kube_proxy(config: Config, *, dry_run: bool, ipvs: bool) -> list[str]:
-    """Remove (or list) what kube-proxy's IPVS mode left (kpcleanup.py)."""
+    """Remove (or list) what kube-proxy left, in any of its modes (kpcleanup.py)."""
     from ipvsproxy.kpcleanup import cleanup_kube_proxy as remove
 
     return remove(config, dry_run=dry_run, ipvs=ipvs)
