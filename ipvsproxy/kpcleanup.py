@@ -38,7 +38,7 @@ from ipvsproxy import backends
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import destroy_commands, render_script
-from ipvsproxy.firewall.kube_proxy import NodePort, node_ports
+from ipvsproxy.firewall.kube_proxy import NodePort, ipv6_set_name, node_ports
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal
@@ -66,7 +66,7 @@ CHAINS = {
     table: frozenset(IPVS_CHAINS.get(table, ())) | frozenset(IPTABLES_CHAINS.get(table, ()))
     for table in ("nat", "filter", "mangle")
 }
-# kube-proxy's IPVS proxier: ipsetInfo (pkg/proxy/ipvs/ipset.go); IPv6: KUBE-6-...
+# kube-proxy's IPVS proxier: ipsetInfo (pkg/proxy/ipvs/ipset.go); IPv6: ipv6_set_name()
 SETS = ("KUBE-LOOP-BACK", "KUBE-CLUSTER-IP", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL",
         "KUBE-LOAD-BALANCER", "KUBE-LOAD-BALANCER-FW", "KUBE-LOAD-BALANCER-LOCAL",
         "KUBE-LOAD-BALANCER-SOURCE-IP", "KUBE-LOAD-BALANCER-SOURCE-CIDR",
@@ -74,16 +74,6 @@ SETS = ("KUBE-LOOP-BACK", "KUBE-CLUSTER-IP", "KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-
         "KUBE-NODE-PORT-LOCAL-UDP", "KUBE-NODE-PORT-SCTP-HASH",
         "KUBE-NODE-PORT-LOCAL-SCTP-HASH", "KUBE-HEALTH-CHECK-NODE-PORT",
         "KUBE-IPVS-IPS")  # fmt: skip
-SET_NAME_MAX = 31  # IPSET_MAXNAMELEN (32) less the terminating NUL: kube-proxy cuts to it
-
-
-def ipv6_set_name(name: str) -> str:
-    """kube-proxy's name for the IPv6 twin of a set: `KUBE-` becomes `KUBE-6-`, then the name
-    is cut to 31 characters (NewIPSet), so KUBE-LOAD-BALANCER-SOURCE-CIDR's twin is
-    KUBE-6-LOAD-BALANCER-SOURCE-CID."""
-    return ("KUBE-6-" + name.removeprefix("KUBE-"))[:SET_NAME_MAX]
-
-
 ALL_SETS = frozenset(SETS) | {ipv6_set_name(name) for name in SETS}
 NFT_TABLE = "kube-proxy"  # pkg/proxy/nftables/proxier.go kubeProxyTable
 NFT_FAMILIES = ("ip", "ip6")
