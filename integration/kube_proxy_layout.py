@@ -291,6 +291,15 @@ def _iptables_mode(ports: tuple[Port, ...], *, node_ip: str, cluster_cidr: str) 
 def _nft_base(family: str, node_ip: str) -> list[str]:
     """baseRules of the nftables proxier's tests, for one family of `table <family>
     kube-proxy` (IPv6: no Service CIDR, no node address in this lab)."""
+    t = f"{family} kube-proxy"
+    lines = _nft_declarations(family) + [f"add rule {t} {r}" for r in _nft_base_rules(family)]
+    if family == "ip":
+        lines.append(f"add element {t} nodeport-ips {{ {node_ip} }}")
+    return lines
+
+
+def _nft_declarations(family: str) -> list[str]:
+    """The table, its sets, verdict maps and chains (base chains with their hooks)."""
     t, addr = f"{family} kube-proxy", "ipv4_addr" if family == "ip" else "ipv6_addr"
     key = f"{addr} . inet_proto . inet_service : verdict"
     lines = [f'add table {t} {{ comment "rules for kube-proxy" ; }}',
@@ -321,11 +330,15 @@ def _nft_base(family: str, node_ip: str) -> list[str]:
     lines += [f"add chain {t} {c} {{ type {h} ; }}" for c, h in hooks.items()]
     lines.append(f'add chain {t} reject-chain {{ comment "helper for @no-endpoint-services / '
                  '@no-endpoint-nodeports" ; }')  # fmt: skip
-    ip = family
-    rules = [f'cluster-ips-check {ip} daddr @cluster-ips reject comment "Reject traffic to '
+    return lines
+
+
+def _nft_base_rules(ip: str) -> list[str]:
+    """The rules of the base chains (`ip` or `ip6`: the family, as a match too)."""
+    return [f'cluster-ips-check {ip} daddr @cluster-ips reject comment "Reject traffic to '
              'invalid ports of ClusterIPs"',
              *([f'cluster-ips-check {ip} daddr {{ {SERVICE_CIDR} }} drop comment "Drop '
-                'traffic to unallocated ClusterIPs"'] if family == "ip" else []),
+                'traffic to unallocated ClusterIPs"'] if ip == "ip" else []),
              "filter-prerouting-pre-dnat ct state new jump firewall-check",
              "filter-forward ct state new jump service-endpoints-check",
              "filter-forward ct state new jump cluster-ips-check",
@@ -346,10 +359,6 @@ def _nft_base(family: str, node_ip: str) -> list[str]:
              f"services {ip} daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports",
              f"service-endpoints-check {ip} daddr . meta l4proto . th dport vmap "
              "@no-endpoint-services"]  # fmt: skip
-    lines += [f"add rule {t} {rule}" for rule in rules]
-    if family == "ip":
-        lines.append(f"add element {t} nodeport-ips {{ {node_ip} }}")
-    return lines
 
 
 def _nft_service(p: Port, cluster_cidr: str) -> list[str]:
