@@ -206,6 +206,8 @@ LAYOUT = (
 def start_agent(
     tmp_path: Path, b1: str, b2: str
 ) -> tuple[subprocess.Popen[bytes], Path, ApiServer]:
+    """ipvsproxy on node-a, against a test API server holding the lab's two Services (the
+    third of LAYOUT is gone from the cluster); the agent, its log, the server."""
     api = ApiServer().start()
     for obj in (
         node(addresses=(NODE_IP,)),
@@ -235,7 +237,7 @@ def run(command: list[str]) -> None:
 
 
 @pytest.mark.parametrize("mode", kube_proxy.MODES)
-def test_kube_proxy_to_ipvsproxy_and_back_drops_no_connection(
+def test_kube_proxy_to_ipvsproxy_and_back_under_traffic(
     mode: str, lab: Lab, tmp_path: Path
 ) -> None:
     swap_cleanup, back = doc_commands()
