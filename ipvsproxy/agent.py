@@ -671,7 +671,8 @@ class NotServed(IpvsproxyError):
 def cleanup_kube_proxy(
     config: Config, *, dry_run: bool, ipvs: bool, force: bool = False
 ) -> list[str]:
-    """Remove (or list) what kube-proxy left (kpcleanup.py). Only once the agent on this
+    """Remove (or list) what kube-proxy left, in any of its modes (kpcleanup.py). Only once
+    the agent on this
     node (its health port, `config.healthz_bind_address`) answers /readyz: until its first
     full pass it has not read kube-proxy's table nor written its own rules, and kube-proxy's
     are what serves the node. `NotServed` naming what it waits for, unless `force` (then a

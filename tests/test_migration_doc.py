@@ -125,23 +125,52 @@ def test_the_node_commands_are_the_ones_the_vm_test_runs():
     assert execs == [
         ["ipvsproxy", "cleanup", "--kube-proxy", "--dry-run"],
         ["ipvsproxy", "cleanup", "--kube-proxy"],
-        ["ipvsproxy", "cleanup", "--keep-ipvs"],
+        ["ipvsproxy", "cleanup", "--keep-ipvs"],  # the way back from IPVS mode
+        ["ipvsproxy", "cleanup"],  # ...from iptables and nftables modes
     ]
     test = (ROOT / "integration" / "ipvs" / "test_migration.py").read_text()
     assert "doc_commands()" in test, "the VM test reads them from docs/migration.md"
 
 
+def test_readiness_is_awaited_on_the_new_pod_by_name():
+    """Issue 38: `kubectl wait pod -l ... --field-selector` exited 1 (NotFound) on a pod of the
+    previous proxy that was still terminating; the page waits on one pod, by name, found
+    among those not being deleted, in both directions."""
+    waits = [c for c in commands() if c[:4] == ["kubectl", "-n", "kube-system", "wait"]]
+    ready = [c for c in waits if "--for=condition=Ready" in c]
+    assert [c[4] for c in ready] == ["$POD", "$POD"]
+    assert all("-l" not in c for c in ready)
+    finds = [c for c in commands() if "get" in c and "go-template" in c]
+    assert [c[c.index("-l") + 1] for c in finds] == [
+        "app.kubernetes.io/name=ipvsproxy", "k8s-app=kube-proxy"]  # fmt: skip
+    assert all(any("if not .metadata.deletionTimestamp" in w for w in c) for c in finds)
+
+
+def test_the_debugger_pods_are_deleted_and_the_patch_rollout_awaited():
+    debugs = [c for c in commands() if c[:2] == ["kubectl", "debug"]]
+    assert len(debugs) == 3
+    assert ["kubectl", "delete", "$DEBUGGERS"] in commands()
+    assert ["kubectl", "-n", "kube-system", "rollout", "status", "daemonset", "kube-proxy",
+            "--timeout=15m"] in commands()  # fmt: skip
+
+
 @pytest.mark.parametrize("block", blocks(), ids=lambda b: b.splitlines()[0])
 def test_each_block_runs_as_written(block, tmp_path):
-    """By bash, with kubectl recording what it is asked (a cluster is not here)."""
+    """By bash, with kubectl recording what it is asked (a cluster is not here) and naming a
+    pod where the page looks one up (by template: a proxy's; by name: a debugger)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "asked"
     shim = bin_dir / "kubectl"
-    shim.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    shim.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in\n'
+        "  *go-template*) echo pod/proxy-abcde ;;\n"
+        '  *"-o name"*) echo pod/node-debugger-worker-1-abcde ;;\nesac\n'
+    )
     shim.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     check("bash", "-euo", "pipefail", "-c", block, cwd=ROOT, env=env)
     asked = log.read_text().splitlines()
     assert len(asked) == len(commands(block)), asked
     assert all("$NODE" not in line and "$POD" not in line for line in asked), asked
+    assert all("$DEBUGGERS" not in line for line in asked), asked

@@ -83,7 +83,7 @@ def test_kube_proxys_ipvs_layout_leaves_and_nothing_else(ns: str) -> None:
     assert "30081" not in dry  # in the NodePort range, but in no record: not kube-proxy's
     assert table(ns) == before
 
-    sh(ns, IPVSPROXY, "cleanup", "--kube-proxy", "--including-ipvs")
+    sh(ns, IPVSPROXY, "cleanup", "--kube-proxy", "--including-ipvs", "--force")  # no agent
     after = table(ns)
     assert "192.0.2.50:80" in after
     assert "10.96.0.10" not in after

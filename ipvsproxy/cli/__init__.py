@@ -222,8 +222,9 @@ def cleanup_lines(removed: list[str], *, dry_run: bool, whose: str) -> list[str]
     "kube_proxy",
     section=OWN,
     is_flag=True,
-    help="Remove what kube-proxy's IPVS mode left instead: its KUBE-* chains and jumps, "
-    "its ipsets; the IPVS table and kube-ipvs0 stay for ipvsproxy to take over in place.",
+    help="Remove what kube-proxy left instead, in any mode: its KUBE-* chains and jumps "
+    "(IPVS and iptables modes), its ipsets (IPVS mode), its `kube-proxy` nftables tables "
+    "(nftables mode); the IPVS table and kube-ipvs0 stay for ipvsproxy to take over in place.",
 )
 @option(
     "--including-ipvs",

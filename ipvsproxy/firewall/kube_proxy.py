@@ -1,7 +1,8 @@
 """kube-proxy's record of the NodePorts it programs, read when a node moves to ipvsproxy.
 
-Owns: `NODE_PORT_SETS` (kube-proxy's IPVS-mode NodePort ipsets, pkg/proxy/ipvs/ipset.go) and
-`node_ports()` (what they list). kube-proxy's IPVS mode writes every NodePort it programs
+Owns: `ipv6_set_name()` (kube-proxy's naming of its IPv6 sets), `NODE_PORT_SETS`
+(kube-proxy's IPVS-mode NodePort ipsets, pkg/proxy/ipvs/ipset.go) and `node_ports()` (what
+they list). kube-proxy's IPVS mode writes every NodePort it programs
 into these sets, per protocol (TCP and UDP by port, SCTP by node address and port), with or
 without `externalTrafficPolicy: Local`. A node that has just moved from kube-proxy still holds
 them until `ipvsproxy cleanup --kube-proxy` removes them (docs/migration.md): a virtual
@@ -29,9 +30,21 @@ _BY_PROTOCOL = {
     "NODE-PORT-SCTP-HASH": Proto.SCTP,  # hash:ip,port: node address,sctp:port
     "NODE-PORT-LOCAL-SCTP-HASH": Proto.SCTP,
 }
-# IPv4's KUBE-..., IPv6's KUBE-6-... (kube-proxy's dual-stack naming)
+SET_NAME_MAX = 31  # IPSET_MAXNAMELEN (32) less the terminating NUL: kube-proxy cuts to it
+
+
+def ipv6_set_name(name: str) -> str:
+    """kube-proxy's name for the IPv6 twin of a set: `KUBE-` becomes `KUBE-6-`, then the name
+    is cut to 31 characters (NewIPSet), so KUBE-NODE-PORT-LOCAL-SCTP-HASH's twin is
+    KUBE-6-NODE-PORT-LOCAL-SCTP-HAS."""
+    return ("KUBE-6-" + name.removeprefix("KUBE-"))[:SET_NAME_MAX]
+
+
+# IPv4's KUBE-..., IPv6's KUBE-6-... cut to 31 characters (kube-proxy's dual-stack naming)
 NODE_PORT_SETS: Mapping[str, Proto] = {
-    f"KUBE-{family}{name}": proto for name, proto in _BY_PROTOCOL.items() for family in ("", "6-")
+    set_name: proto
+    for name, proto in _BY_PROTOCOL.items()
+    for set_name in (f"KUBE-{name}", ipv6_set_name(f"KUBE-{name}"))
 }
 
 # (protocol, port, node address or None for any): one listed NodePort

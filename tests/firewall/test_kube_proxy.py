@@ -83,3 +83,14 @@ def test_an_ipset_that_cannot_run_adopts_nothing_and_says_so():
 
 def test_the_sets_are_kube_proxys_as_cleanup_knows_them():
     assert set(NODE_PORT_SETS) <= kpcleanup.ALL_SETS
+
+
+def test_the_ipv6_sctp_local_set_is_read_by_kube_proxys_cut_name():
+    """kube-proxy cuts KUBE-6-NODE-PORT-LOCAL-SCTP-HASH to the kernel's 31 characters."""
+    assert "KUBE-6-NODE-PORT-LOCAL-SCTP-HAS" in NODE_PORT_SETS
+    assert all(len(name) <= 31 for name in NODE_PORT_SETS)
+    saved = (
+        "create KUBE-6-NODE-PORT-LOCAL-SCTP-HAS hash:ip,port family inet6\n"
+        "add KUBE-6-NODE-PORT-LOCAL-SCTP-HAS 2001:db8::10,sctp:30132\n"
+    )
+    assert parse_saved(saved) == {(Proto.SCTP, 30132, ip_address("2001:db8::10"))}
