@@ -123,13 +123,16 @@ class AgentLoop:
             self._waiting_logged = None
         return True
 
-    def __call__(self) -> None:
+    def __call__(self) -> bool:
+        """One pass; False when none could run (not every kind listed yet): the runner does
+        not count it, and the pass after the lists comes at once."""
         with self.lock:
+            if not self._ready():
+                return False
             self._pass()
+            return True
 
     def _pass(self) -> None:
-        if not self._ready():
-            return
         started = self._clock()
         full = self._full_asked or started - self._last_full >= self._config.sync_period * FULL_DUE
         self._full_asked = False

@@ -5,8 +5,11 @@ As there, both intervals count from the end of the last run: a run that takes lo
 the periodic one.
 
 Owns: `Runner`. Other threads call `request()` (something changed) or `retry_after(s)` (the
-last run failed); one thread calls `loop()`. The decision of when to run is `due(now)`, a pure
-function of the runner's state and the injected clock, so tests drive it without sleeping.
+last run failed); one thread calls `loop()`. A function that returns False did not run (the
+agent's pass before every kind has listed): the runner does not count it, so the first real
+run is not held back by min_interval (kube-proxy does not start its runner before then). The
+decision of when to run is `due(now)`, a pure function of the runner's state and the injected
+clock, so tests drive it without sleeping.
 
 Imports: the standard library.
 """
@@ -22,7 +25,7 @@ from collections.abc import Callable
 class Runner:
     def __init__(
         self,
-        fn: Callable[[], object],
+        fn: Callable[[], bool | None],
         *,
         min_interval: float,
         max_interval: float,
@@ -39,7 +42,8 @@ class Runner:
         self._stopped = threading.Event()
         self._pending = True  # the first run is due at once
         self._retry_at = math.inf
-        self._last_run = -math.inf
+        self._last_run = -math.inf  # min_interval counts from here: the last real run
+        self._last_call = -math.inf  # max_interval from here: the last call, run or not
         self.queued_at: float | None = None  # when the oldest unserved request came
 
     def request(self) -> None:
@@ -60,7 +64,7 @@ class Runner:
         """The time the next run is due."""
         with self._lock:
             earliest = self._last_run + self.min_interval
-            at = self._last_run + self.max_interval
+            at = self._last_call + self.max_interval
             if self._pending:
                 at = min(at, max(now, earliest))
             return min(at, max(self._retry_at, earliest))
@@ -75,11 +79,14 @@ class Runner:
             self._pending = False
             self._retry_at = math.inf
             self.queued_at = None
+        ran: bool | None = True
         try:
-            self._fn()
+            ran = self._fn()
         finally:
             with self._lock:
-                self._last_run = self._clock()
+                self._last_call = self._clock()
+                if ran is not False:
+                    self._last_run = self._last_call
         return 0.0
 
     def loop(self) -> None:

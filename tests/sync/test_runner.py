@@ -33,6 +33,33 @@ def test_first_run_is_immediate_then_periodic():
     assert runs == [100, 130]
 
 
+def test_a_call_that_did_not_run_does_not_hold_back_the_next_run():
+    """The agent's pass before every kind has listed returns False: nothing ran, so the pass
+    the last list asks for runs at once, not min_interval later (at start, a second of no
+    proxy on the node); and an idle runner still waits for a request, it does not spin."""
+    clock = Clock(100.0)
+    ready = [False]
+    runs: list[float] = []
+
+    def attempt() -> bool:
+        if not ready[0]:
+            return False
+        runs.append(clock.now)
+        return True
+
+    runner = Runner(attempt, min_interval=1.0, max_interval=30.0, clock=clock)
+    assert runner.run_if_due() == 0  # called; it could not run
+    assert runner.run_if_due() == pytest.approx(30)  # nothing asked: no spinning
+    clock.now += 0.02
+    ready[0] = True
+    runner.request()  # the last list came
+    assert runner.run_if_due() == 0
+    assert runs == [100.02]
+    clock.now += 0.2
+    runner.request()
+    assert runner.run_if_due() == pytest.approx(0.8)  # real runs are rate-limited as before
+
+
 def test_requests_are_rate_limited_not_lost():
     runner, clock, runs = make()
     runner.run_if_due()
