@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,14 +30,6 @@ def shipped_addresses() -> list[str]:
     return [a for a in container["args"] if a.startswith(("--metrics-bind", "--healthz-bind"))]
 
 
-@pytest.fixture
-def other_host() -> Iterator[str]:
-    name = f"ipvsp-o{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    yield name
-    subprocess.run(["ip", "netns", "del", name], check=True)
-
-
 def link(node_ns: str, other: str) -> None:
     for ns, args in ((node_ns, ["link", "set", "lo", "up"]),
                      (node_ns, ["link", "add", "node0", "type", "veth", "peer", "name", "out0",
@@ -58,7 +48,8 @@ def get(ns: str, address: str, path: str) -> bytes:
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["shipped", "status-remote"])
-def test_status_answers_the_node_only_unless_opened(netns, other_host, tmp_path: Path, remote):
+def test_status_answers_the_node_only_unless_opened(netns, other_netns, tmp_path: Path, remote):
+    other_host = other_netns
     link(netns, other_host)
     flags = shipped_addresses()
     assert "--metrics-bind-address=0.0.0.0:10249" in flags
