@@ -79,14 +79,17 @@ class Agent:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.args, stdout=out, stderr=out)
         STARTED.append(self.proc)
-        eventually(self._serving, 120, "the agent serves /healthz")
+        eventually(self._serving, 120, "the agent serves /healthz and /metrics")
         return self
 
     def _serving(self) -> bool:
+        """Both ports answer: the health port opens first (from the agent's first moment),
+        the metrics port once the backend is open."""
         assert self.proc is not None
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
         try:
             self.health()
+            self.metric("ipvsproxy_syncs_total")
         except OSError:
             return False
         return True
