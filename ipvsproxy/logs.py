@@ -2,7 +2,8 @@
 
 Owns: `configure(level, fmt)` (the CLI calls it once, before anything logs), `set_format(fmt)`
 (a configuration file's `logging.format` switches it later), `TextFormatter`, `JsonFormatter`,
-`error_line(text)` (the CLI's last line on an error, in the log's format).
+`error_line(text)` (the CLI's last line on an error, in the log's format), `Verbosity` and
+`set_verbosity(n)` (klog's `--v`: info records logged with `extra={"v": N}` need N or more).
 docs/logging.md lists the fields.
 
 Text lines escape control characters (`escape()`): a name from input forges no line.
