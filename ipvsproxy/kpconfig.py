@@ -18,7 +18,7 @@ The file is read as a manifest file is (manifests.read_bytes, manifests.parse): 
 file only, its size, documents, aliases and nesting bounded, any YAML or JSON a ConfigError
 naming the file, never another exception (tests/test_kpconfig_bounds.py fuzzes it).
 
-Imports: manifests, errors, the standard library.
+Imports: manifests, errors, logs (escape), the standard library.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 from ipvsproxy import manifests
 from ipvsproxy.errors import ConfigError
+from ipvsproxy.logs import escape
 
 API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
 KIND = "KubeProxyConfiguration"
@@ -171,7 +172,9 @@ def parse(doc: object) -> Loaded:
                 if meaningless(value, IGNORED.get((section, name), ())):
                     ignored.append(where)
             else:
-                raise ConfigError(f"field {where}: unknown field (kube-proxy would refuse it too)")
+                raise ConfigError(  # the name is the file's: a newline in it stays one line
+                    f"field {escape(where)}: unknown field (kube-proxy would refuse it too)"
+                )
     return Loaded(values, tuple(ignored), origins)
 
 
@@ -199,7 +202,9 @@ def _fields(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
         out.append((section, value))
     for name in top:
         if ("", name) not in MEANINGFUL and ("", name) not in IGNORED:
-            raise ConfigError(f"field {name}: unknown field (kube-proxy would refuse it too)")
+            raise ConfigError(
+                f"field {escape(name)}: unknown field (kube-proxy would refuse it too)"
+            )
     return out
 
 

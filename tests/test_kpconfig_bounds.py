@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ipvsproxy import agent, kpconfig
@@ -162,6 +162,13 @@ def loads_or_refuses(path: Path) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=DOCS, as_json=st.booleans())
+@example(  # found by the property: a field's name with a newline made a two-line error
+    doc={"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+         "clientConnection": {"\n": None}},
+    as_json=False,
+)  # fmt: skip
+@example(doc={"apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+              "kind": "KubeProxyConfiguration", "x\ny": 1}, as_json=True)  # fmt: skip
 def test_any_shape_loads_or_is_one_config_error(tmp_path_factory, doc, as_json):
     folder = tmp_path_factory.mktemp("kp")
     if as_json:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,8 +62,13 @@ def saved() -> str:
 
 
 def get(url: str, timeout: float) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.status, response.read().decode()
+    """The status and body, whatever the status (a readiness probe answers 503 until the
+    agent's first full pass)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def probe(container: dict[str, Any], name: str) -> tuple[int, str]:
@@ -123,7 +129,8 @@ def test_the_image_runs_as_the_daemonset_runs_it(image: str) -> None:
             interval=0.5, detail=lambda: saved() + logs(),
         )  # fmt: skip
         assert probe(agent, "livenessProbe")[0] == 200
-        support.eventually(lambda: probe(agent, "readinessProbe")[0] == 200, 30, "ready")
+        # Ready once the first full pass is done (/readyz): a deadline a loaded machine meets
+        support.eventually(lambda: probe(agent, "readinessProbe")[0] == 200, 180, "ready")
         port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
         assert get(f"http://127.0.0.1:{port}/proxyMode", 5) == (200, "ipvs")
 
