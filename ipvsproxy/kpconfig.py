@@ -173,7 +173,7 @@ def parse(doc: object) -> Loaded:
                     ignored.append(where)
             else:
                 raise ConfigError(  # the name is the file's: a newline in it stays one line
-                    f"field {escape(where)}: unknown field (kube-proxy would refuse it too)"
+                    f"field {escape(str(where))}: unknown field (kube-proxy would refuse it too)"
                 )
     return Loaded(values, tuple(ignored), origins)
 
@@ -203,7 +203,7 @@ def _fields(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     for name in top:
         if ("", name) not in MEANINGFUL and ("", name) not in IGNORED:
             raise ConfigError(
-                f"field {escape(name)}: unknown field (kube-proxy would refuse it too)"
+                f"field {escape(str(name))}: unknown field (kube-proxy would refuse it too)"
             )
     return out
 

@@ -185,6 +185,8 @@ YAMLISH = st.text(alphabet="{}[]:,-!&*#'\"\n \t0123456789abefkilnstx.?|>%@`+_:^~
 
 @settings(max_examples=300, deadline=None)
 @given(text=YAMLISH | st.sampled_from(["a: !!int ''", "a: !!timestamp 2020-02-30", "a: !!float x"]))
+@example(text="?")  # a null key: its name in the error is "None", not a crash
+@example(text="1: x")  # an int key
 def test_any_text_loads_or_is_one_config_error(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("kp") / "kp.yaml"
     path.write_text(HEAD + text)
