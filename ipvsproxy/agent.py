@@ -167,7 +167,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
         return _diff_result(planned, proxier, config, notes)
     with open_backend(config) as backend:
         proxier = _proxier(config, backend, drain=True)
-        proxier.refresh_host()
+        proxier.desired.refresh_host()
         planned = proxier.plan_from(changes, full=True)
         notes = ()
         if backend.name == IPTABLES:
@@ -231,7 +231,7 @@ class LocalStatus:
             proxier.feed(changes)
             planned = proxier.plan(full=True, observed=read_kernel_state(self.kernel_state))
         else:
-            proxier.refresh_host()
+            proxier.desired.refresh_host()
             planned = proxier.plan_from(changes, full=True)
         services = [svc for svc in changes.services.values() if svc is not None]
         slices = [s for group in changes.slices.values() for s in group]
@@ -268,7 +268,7 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
         prepare(backend, config)
         remove_leftovers(backend, config)
         proxier = _proxier(config, backend)
-        proxier.refresh_host()
+        proxier.desired.refresh_host()
         planned = proxier.plan_from(changes, full=True)
         for warning in proxier.warnings:
             log.warning("%s", warning)

@@ -2,7 +2,7 @@
 
 Owns: `AgentLoop`. Each call: wait until every required kind has listed (never program a
 partial view), take the changed Services from the tracker, run one pass of the proxier
-(proxier.py: full every `--sync-period` or after the node changed, partial in between),
+(proxier/: full every `--sync-period` or after the node changed, partial in between),
 record metrics and health, log a summary line (at the default verbosity only for a pass that
 wrote or failed something; every pass at --v 2), and ask the runner for an early retry
 when an operation failed, endpoints are draining, or a slow-start ramp takes its next step.
@@ -136,7 +136,7 @@ class AgentLoop:
         started = self._clock()
         full = self._full_asked or started - self._last_full >= self._config.sync_period * FULL_DUE
         self._full_asked = False
-        moved = full and self.proxier.refresh_host()  # this host's addresses changed
+        moved = full and self.proxier.desired.refresh_host()  # this host's addresses changed
         changes = self._tracker.take(everything=moved)
         node = changes.node
         self._health.node_eligible(node.eligible if node else not self._node_required)
@@ -157,7 +157,7 @@ class AgentLoop:
     def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
         """A pass that completed: metrics, health, the log line, early retries."""
         if result.full:
-            self._metrics.families(self.proxier.families())
+            self._metrics.families(self.proxier.desired.families())
             if not self._frozen:
                 freeze_heap()
                 self._frozen = True

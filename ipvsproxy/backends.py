@@ -31,7 +31,7 @@ from ipvsproxy.firewall.nlread import SetReader
 from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.sets import recorded
 from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.kernel import ApplyReport, Failure, Kernel
+from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     EMPTY,
     AddDest,
@@ -152,12 +152,14 @@ class FailClosed:
     WARNING per virtual server); deletions pass, so nothing stale stays. kube-proxy does the
     same: without ip6tables it runs IPv4 only."""
 
+    owns_table = False
+
     def __init__(self, kernel: NetlinkKernel, versions: tuple[int, ...]) -> None:
         self.kernel = kernel
         self.versions = versions
         self._warned: set[object] = set()
 
-    def observe(self) -> IpvsState:
+    def observe(self, *, access: AccessMap | None = None) -> IpvsState:
         return self.kernel.observe()
 
     def damage(self) -> tuple[str, ...]:
@@ -169,7 +171,13 @@ class FailClosed:
     def traffic(self) -> Mapping[VSKey, Traffic]:
         return self.kernel.traffic()
 
-    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+    def apply(
+        self,
+        plan: Sequence[Op],
+        *,
+        names: Mapping[VSKey, str] | None = None,
+        access: AccessMap | None = None,
+    ) -> ApplyReport:
         allowed: list[Op] = []
         refused: list[Failure] = []
         for op in plan:
@@ -196,7 +204,9 @@ class FailClosed:
                 self._warned.add(subject)
                 log.warning("%s", why)
             refused.append(Failure(op, Unsupported(why)))
-        report = self.kernel.apply(allowed, names=names) if allowed else ApplyReport()
+        report = (
+            self.kernel.apply(allowed, names=names, access=access) if allowed else ApplyReport()
+        )
         return ApplyReport(report.applied, (*report.failures, *refused), report.refused)
 
 
@@ -348,8 +358,8 @@ def _ipvs(config: Config) -> NetlinkKernel:
 
 def _iptables(config: Config) -> IptablesKernel:
     """The fallback, masquerading as the node's policy says. Each virtual server's access
-    (loadBalancerSourceRanges, traffic policy) comes from the desired state: whoever runs
-    the sync gives it `use_access()` (the proxier's `DesiredIndex.access_of`)."""
+    (loadBalancerSourceRanges, traffic policy) comes from the desired state, with each
+    observation and pass (`Kernel.observe`/`apply`'s `access`)."""
     if config.detect_local_mode == LocalMode.NODE_CIDR:
         log.warning(
             "--detect-local-mode NodeCIDR: the iptables fallback does not know this Node's "

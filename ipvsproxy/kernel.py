@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.model import IpvsState, Op, RSKey, Traffic, VSKey
@@ -44,19 +44,41 @@ class ApplyReport:
         return not self.failures
 
 
+# Per virtual server, its access: the frontend it is (ClusterIP, NodePort, ...), its traffic
+# policy and source ranges (sync.desired's `Access`, read through policy's `AccessLike`).
+# What a backend that renders each virtual server's rules itself (the fallback) needs beyond
+# the operations; the IPVS table has no place for it, and the IPVS backend ignores it.
+AccessMap = Mapping[VSKey, Any]
+
+
 class Kernel(Protocol):
     """Everything sync/ may ask of a kernel backend."""
 
-    def observe(self) -> IpvsState:
-        """The backend's current table, including objects ipvsproxy does not own."""
+    # Whether everything in this backend's table was made by ipvsproxy (the fallback's own
+    # chains): its observation is then the record of what ipvsproxy made (ownership rule 5).
+    # The IPVS table is shared with whoever else uses IPVS: False.
+    owns_table: bool
+
+    def observe(self, *, access: AccessMap | None = None) -> IpvsState:
+        """The backend's current table, including objects ipvsproxy does not own. `access`:
+        the desired access of the virtual servers, for a backend that compares its rules
+        with what they render to (the fallback: a rule missing is damage)."""
         ...
 
-    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+    def apply(
+        self,
+        plan: Sequence[Op],
+        *,
+        names: Mapping[VSKey, str] | None = None,
+        access: AccessMap | None = None,
+    ) -> ApplyReport:
         """Execute ops in order. A per-op KernelError is reported, not raised.
 
         `names` says which Service port each virtual server stands for ("ns/name:port"); a
-        backend that can keep it (iptables: rule comments) does. Raises KernelUnavailable
-        only when the backend cannot be used at all.
+        backend that can keep it (iptables: rule comments) does. `access`: that of the
+        virtual servers the pass looked at; a backend that renders it rewrites those whose
+        access changed, with or without an operation. Raises KernelUnavailable only when
+        the backend cannot be used at all.
         """
         ...
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import KernelError, NotFound
-from ipvsproxy.kernel import ApplyReport, Failure, Kernel
+from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     EMPTY,
     Dests,
@@ -36,6 +36,8 @@ class FakeKernel:
     also with 100,000 destinations; `state` and `observe()` give a snapshot.
     """
 
+    owns_table = False  # as the IPVS table: shared
+
     def __init__(self, state: IpvsState = EMPTY) -> None:
         self.state = state
         self.applied: list[Op] = []
@@ -55,7 +57,7 @@ class FakeKernel:
         self._dests: dict[VSKey, Dests] = dict(state.dests)
         self._bound: set[IPAddress] = set(state.bound)
 
-    def observe(self) -> IpvsState:
+    def observe(self, *, access: AccessMap | None = None) -> IpvsState:
         self.observations += 1
         return self.state
 
@@ -83,7 +85,13 @@ class FakeKernel:
     def damage(self) -> tuple[str, ...]:
         return ()
 
-    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+    def apply(
+        self,
+        plan: Sequence[Op],
+        *,
+        names: Mapping[VSKey, str] | None = None,
+        access: AccessMap | None = None,
+    ) -> ApplyReport:
         failures: list[Failure] = []
         applied = 0
         for op in plan:

@@ -327,9 +327,9 @@ def test_a_change_right_after_a_first_pass_longer_than_the_period_is_a_partial_p
     agent.feed(service("web"), web_slice("10.244.0.5"))
     apply = agent.kernel.apply
 
-    def slow_first(plan, *, names=None):
+    def slow_first(plan, *, names=None, access=None):
         clock.now += 45  # the first pass takes longer than the 30 s period
-        return apply(plan, names=names)
+        return apply(plan, names=names, access=access)
 
     agent.kernel.apply = slow_first  # type: ignore[method-assign]
     assert runner.run_if_due() == 0

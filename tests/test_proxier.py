@@ -127,13 +127,13 @@ class Ordered(FakeKernel):
 
         firewall.observe, firewall.apply = observing, applying  # type: ignore[method-assign]
 
-    def observe(self) -> Any:
+    def observe(self, *, access: Any = None) -> Any:
         self.steps.append("ipvs read")
-        return super().observe()
+        return super().observe(access=access)
 
-    def apply(self, plan: Any, *, names: Any = None) -> Any:
+    def apply(self, plan: Any, *, names: Any = None, access: Any = None) -> Any:
         self.steps.append("ipvs wrote")
-        return super().apply(plan, names=names)
+        return super().apply(plan, names=names, access=access)
 
 
 def test_a_pass_writes_ipvs_first_then_the_firewall():
@@ -302,14 +302,12 @@ def test_the_udp_flows_to_forget_are_those_of_what_the_kernel_took(refused):
     """The UDP virtual servers that got a first endpoint the kernel did take
     (conntrack.udp_gone), whatever it refused."""
     from ipvsproxy.firewall.conntrack import udp_gone
-    from ipvsproxy.sync.ipvs_pass import apply_pass
 
     with refusing(udp_objects(4), refused) as (kernel, proxier, planned):
         ipvs = planned.ipvs
-        proxier.table.seed(ipvs.observed)
-        result = apply_pass(kernel, ipvs, names={})
-        gone = proxier._record(ipvs, result, forget=True)
-        failed = {f.op for f in result.report.failures}
+        done = proxier.ipvs.apply(planned, forget=True)
+        gone = done.gone
+        failed = {f.op for f in done.result.report.failures}
         assert gone == udp_gone(ipvs.plan, failed, before=ipvs.observed)
         assert len(gone) == len({key for key, _ in gone}) <= 4
         assert len(gone) == 4 or failed

@@ -96,7 +96,6 @@ def sync(config: Config, objs: list[dict[str, Any]]) -> IptablesKernel:
     )
     kernel.check()
     proxier = Proxier(kernel=kernel, config=config)
-    kernel.use_access(proxier.index.access_of)
     tracker = Tracker(node_name=config.node_name)
     for kind in (SERVICE, SLICE, NODE):
         tracker.replace(kind, [o for o in objs if o["kind"] == kind])

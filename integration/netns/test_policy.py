@@ -11,8 +11,8 @@ never touched.
   recorded by a wrapper first on PATH), and with the lock held by someone else for a while
   the write waits for it instead of failing.
 
-The sync runs through the agent's Proxier, with the fallback given the desired state's
-access the way the agent must wire it: `kernel.use_access(proxier.index.access_of)`.
+The sync runs through the agent's Proxier, which hands the fallback each virtual server's
+access with every observation and pass.
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ def sync(
     kernel = IptablesKernel(commands=commands, node=node_policy(config))
     kernel.check()
     proxier = Proxier(kernel=kernel, config=config)
-    kernel.use_access(proxier.index.access_of)  # the wiring the agent needs
     tracker = Tracker(node_name=config.node_name)
     for kind in (SERVICE, SLICE, NODE):
         tracker.replace(kind, [o for o in objs if o["kind"] == kind])
@@ -234,7 +233,6 @@ def test_a_held_xtables_lock_is_waited_for_and_the_wait_is_bounded(lab, tmp_path
             commands = Commands(prefix=(*prefix, "ip", "netns", "exec", NODE_NS))
             kernel = IptablesKernel(commands=commands)
             proxier = Proxier(kernel=kernel, config=Config(node_name="node-a"))
-            kernel.use_access(proxier.index.access_of)
             tracker = Tracker(node_name="node-a")
             for kind in (SERVICE, SLICE, NODE):
                 tracker.replace(kind, [o for o in objs if o["kind"] == kind])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
@@ -38,7 +38,7 @@ from ipvsproxy.iptables.transaction import (
     removal,
     transaction,
 )
-from ipvsproxy.kernel import ApplyReport, Failure
+from ipvsproxy.kernel import AccessMap, ApplyReport, Failure
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -55,7 +55,7 @@ from ipvsproxy.model import (
     UpdateService,
     VSKey,
 )
-from ipvsproxy.policy import DEFAULT_NODE, AccessLike, NodePolicy
+from ipvsproxy.policy import DEFAULT_NODE, NodePolicy
 from ipvsproxy.schedulers import IPTABLES_FIDELITY, IptablesFidelity
 
 log = logging.getLogger(__name__)
@@ -107,26 +107,20 @@ class Commands:
         return done.stdout
 
 
-AccessLookup = Callable[[Iterable[VSKey]], Mapping[VSKey, AccessLike]]
-
-
 class IptablesKernel:
     """ipvsproxy's virtual servers as DNAT rules in its own nat chains, masqueraded and
     firewalled as the node's policy says (ipvsproxy/policy.py)."""
 
+    owns_table = True  # its chains hold only what ipvsproxy made: they are the record
+
     def __init__(
-        self,
-        *,
-        commands: Commands | None = None,
-        node: NodePolicy = DEFAULT_NODE,
-        access: AccessLookup | None = None,
+        self, *, commands: Commands | None = None, node: NodePolicy = DEFAULT_NODE
     ) -> None:
-        """`node`: the node's NAT settings. `access`: where each virtual server's access
-        (frontend, traffic policy, loadBalancerSourceRanges) is looked up, given the keys
-        (the proxier's `DesiredIndex.access_of`); without it every virtual server is taken
-        for a ClusterIP when its address is a VIP, else for a NodePort."""
+        """`node`: the node's NAT settings. Each virtual server's access (frontend, traffic
+        policy, loadBalancerSourceRanges) comes with `observe()` and `apply()`; until it
+        has, a virtual server is taken for a ClusterIP when its address is a VIP, else for a
+        NodePort."""
         self.node = node
-        self._access = access
         self._commands = commands or Commands()
         self._families: tuple[int, ...] = (4, 6)
         self._table: Table | None = None  # None: unknown, observe before the next apply
@@ -153,42 +147,18 @@ class IptablesKernel:
             log.warning("ip6tables cannot be used, IPv6 Services are not served: %s", exc)
             self._families = (4,)
 
-    def use_access(self, access: AccessLookup) -> None:
-        """Look each virtual server's access up with `access` from now on (see __init__)."""
-        self._access = access
-
-    def refresh(self, keys: Iterable[VSKey]) -> None:
-        """Look the access of `keys` up again and rewrite the chains of those whose access
-        changed (a Service that only gained or lost loadBalancerSourceRanges plans no
-        operation): the partial pass's hook, so such a change need not wait for the next
-        full sync. KernelError when the write is refused (the next full sync retries)."""
-        table = self._table
-        if table is None or self._access is None:
-            return  # nothing known yet: the next observe() and apply() render everything
-        table.set_access(self._lookup(keys))
-        for version, chains in table.changes().items():
-            payload = patch(chains)
-            if payload and version in self._families:
-                try:
-                    self._restore(version, payload)
-                except KernelError:
-                    self._table = None  # unknown now: read again before the next apply
-                    raise
-
-    def _lookup(self, keys: Iterable[VSKey]) -> Mapping[VSKey, AccessLike]:
-        return self._access(keys) if self._access is not None else {}
-
     # ---- the Kernel interface --------------------------------------------------------------
 
-    def observe(self) -> IpvsState:
+    def observe(self, *, access: AccessMap | None = None) -> IpvsState:
         """Read both families' nat tables (`iptables-save`), decode ipvsproxy's chains and
-        compare them with what that state renders to: the periodic full resync."""
+        compare them with what that state renders to, with `access`: the periodic full
+        resync."""
         texts = self._saves()
         saved = {version: parse_save(texts[version, "nat"]) for version in self._families}
         self._observe_forward(texts)
         last = self._table
-        if last is not None:  # an access changed without an operation: compare with it
-            last.set_access(self._lookup(last.services), now=True)
+        if last is not None and access:  # an access changed without an operation
+            last.set_access(access, now=True)
         if last is not None:
             for version, seen in saved.items():
                 self._conflict(version, seen, last.ruleset(version))
@@ -204,7 +174,7 @@ class IptablesKernel:
             dests={k: v for s, _ in states for k, v in s.dests.items()},
             bound=frozenset(a for s, _ in states for a in s.bound),
         )
-        table = Table(state, names, access=self._lookup(state.services), node=self.node)
+        table = Table(state, names, access=access, node=self.node)
         for version in self._families:
             self._conflict(version, saved[version], table.ruleset(version))
         found = {v: damage(saved[v], table.ruleset(v)) for v in self._families}
@@ -284,13 +254,19 @@ class IptablesKernel:
     def traffic(self) -> Mapping[VSKey, Traffic]:
         return {}  # rule counters are per chain jump, not per connection: none kept
 
-    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+    def apply(
+        self,
+        plan: Sequence[Op],
+        *,
+        names: Mapping[VSKey, str] | None = None,
+        access: AccessMap | None = None,
+    ) -> ApplyReport:
         """Execute `plan` against the chains as last written or observed (no iptables-save
         unless nothing is known yet), and write only the chains it changes: one
         `iptables-restore --noflush` per family that has any, none when nothing changed.
         A family found damaged by the last observe() is rewritten whole instead."""
         if self._table is None:
-            self.observe()
+            self.observe(access=access)
         table = self._table
         assert table is not None
         done: list[Op] = []
@@ -303,7 +279,7 @@ class IptablesKernel:
                 done.append(op)
             except KernelError as exc:
                 failures.append(Failure(op, exc))
-        table.set_access(self._lookup({key for op in done if (key := _key(op)) is not None}))
+        table.set_access(access or {})
         table.rename(names or {})
         self._warn(done, table.names)
         changes = table.changes()
@@ -419,15 +395,6 @@ class IptablesKernel:
                     service,
                     scheduler,
                 )
-
-
-def _key(op: Op) -> VSKey | None:
-    match op:
-        case AddService(vs) | UpdateService(vs):
-            return vs.key
-        case DeleteService(key) | AddDest(key, _) | UpdateDest(key, _) | DeleteDest(key, _):
-            return key
-    return None
 
 
 def _version(op: Op) -> int:

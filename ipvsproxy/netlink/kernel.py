@@ -18,7 +18,7 @@ from itertools import groupby
 from typing import TYPE_CHECKING
 
 from ipvsproxy.errors import AlreadyExists, KernelError, NotFound, Unsupported
-from ipvsproxy.kernel import ApplyReport, Failure, Kernel
+from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     AddService,
     BindAddress,
@@ -42,6 +42,8 @@ from ipvsproxy.netlink.nlsocket import os_error
 
 class NetlinkKernel:
     """IPVS over generic netlink, VIPs on a dummy device."""
+
+    owns_table = False  # the kernel's IPVS table is shared with whoever else uses IPVS
 
     def __init__(self, *, device: str = "kube-ipvs0", genl: GenlSocket | None = None) -> None:
         """A `genl` passed in is closed by close(), but stays the caller's when construction
@@ -77,7 +79,7 @@ class NetlinkKernel:
         af = codec.family_af(key)
         return [codec.decode_dest(payload, af) for payload in codec.dumped(chunks)]
 
-    def observe(self) -> IpvsState:
+    def observe(self, *, access: AccessMap | None = None) -> IpvsState:
         """One service dump, one destination dump per service, the dummy device's
         addresses."""
         # The first observation of a large table allocates tens of thousands of small objects
@@ -102,7 +104,13 @@ class NetlinkKernel:
     def damage(self) -> tuple[str, ...]:
         return ()  # the IPVS table has no structure beyond what IpvsState expresses
 
-    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+    def apply(
+        self,
+        plan: Sequence[Op],
+        *,
+        names: Mapping[VSKey, str] | None = None,
+        access: AccessMap | None = None,
+    ) -> ApplyReport:
         failures: list[Failure] = []
         for is_address, run in groupby(plan, key=lambda op: isinstance(op, _ADDRESS_OPS)):
             ops = list(run)

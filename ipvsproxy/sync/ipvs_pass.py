@@ -4,7 +4,7 @@ any `Kernel`).
 Owns: `plan_pass()` (desired and observed state of the keys looked at -> the operations, with
 new endpoints at their slow-start step's weight and removed endpoints held at weight 0 while
 they drain), `apply_pass()` and `IpvsResult`. The
-proxier (ipvsproxy/proxier.py) calls the two, on the whole table at a full resync and on
+proxier (ipvsproxy/proxier/) calls the two, on the whole table at a full resync and on
 the changed virtual servers only in between.
 
 At debug level (`--v 4`) `apply_pass()` logs one line per operation of any backend (the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ipvsproxy.kernel import ApplyReport, Kernel, Plan
 from ipvsproxy.model import EMPTY, IpvsState, Op, VSKey
@@ -82,10 +83,21 @@ def plan_pass(
 
 
 def apply_pass(
-    kernel: Kernel, planned: IpvsPlan, *, names: Mapping[VSKey, str], repair: bool = False
+    kernel: Kernel,
+    planned: IpvsPlan,
+    *,
+    names: Mapping[VSKey, str],
+    access: Mapping[VSKey, Any] | None = None,
+    repair: bool = False,
 ) -> IpvsResult:
-    """Apply the plan (an empty one too when `repair`: the backend rewrites damage)."""
-    report = kernel.apply(planned.plan, names=names) if planned.plan or repair else ApplyReport()
+    """Apply the plan (an empty one too when `repair`: the backend rewrites damage; or
+    given the `access` of the virtual servers looked at: a backend that renders it rewrites
+    those whose access changed without an operation)."""
+    report = (
+        kernel.apply(planned.plan, names=names, access=access)
+        if planned.plan or repair or access
+        else ApplyReport()
+    )
     result = IpvsResult(
         planned.plan,
         report,

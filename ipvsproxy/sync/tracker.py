@@ -11,7 +11,7 @@ Each change marks the Services it touches dirty: a Service by its name, an Endpo
 its `kubernetes.io/service-name` label (before and after the change), this node's Node object
 all of them (node addresses and names change every Service's translation). The sync thread
 calls `take()`: the dirty Services' views and slices, and clears the marks, so a sync
-translates only what changed (sync/proxier.py). `take(everything=True)` hands over all of
+translates only what changed (ipvsproxy/proxier/). `take(everything=True)` hands over all of
 them (full resyncs, `diff`).
 
 `synced()` is the guard against a partial view: until every required kind has listed once,
@@ -271,7 +271,7 @@ def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceVi
     """The new version of a slice with the old version's endpoint objects where they are
     equal: a rollout step changes one endpoint of many, and the others (their addresses
     also held by the desired and the kernel's tables) stay one object each, so memory does
-    not grow with every slice ever touched (proxier.py `_reusing` does the same for the
+    not grow with every slice ever touched (proxier/desired.py `_reusing` does the same for the
     destinations)."""
     held = {ep: ep for ep in old.endpoints}
     endpoints = tuple(held.get(ep, ep) for ep in view.endpoints)

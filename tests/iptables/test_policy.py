@@ -68,13 +68,9 @@ def balanced(**spec: Any) -> Desired:
 def fallback(desired: Desired, policy: NodePolicy = DEFAULT_NODE) -> dict[str, list[str]]:
     """The IPv4 nat chains the fallback writes for `desired`, given its access."""
     commands = FakeIptables()
-    kernel = IptablesKernel(
-        commands=commands,
-        node=policy,
-        access=lambda keys: {k: desired.access[k] for k in keys if k in desired.access},
-    )
-    ops = plan(desired.state, kernel.observe(), ownership=EVERYTHING)
-    assert kernel.apply(ops, names=desired.origins).ok
+    kernel = IptablesKernel(commands=commands, node=policy)
+    ops = plan(desired.state, kernel.observe(access=desired.access), ownership=EVERYTHING)
+    assert kernel.apply(ops, names=desired.origins, access=desired.access).ok
     return commands.tables[4]
 
 
@@ -226,21 +222,15 @@ def test_an_access_change_without_an_operation_is_repaired_by_the_next_full_sync
     full observation finds the firewall missing and the apply after it writes it."""
     open_ = balanced(loadBalancerSourceRanges=[])
     closed = balanced()
-    current = {"desired": open_}
     commands = FakeIptables()
-    kernel = IptablesKernel(
-        commands=commands,
-        access=lambda keys: {
-            k: current["desired"].access[k] for k in keys if k in current["desired"].access
-        },
-    )
-    assert kernel.apply(plan(open_.state, kernel.observe(), ownership=EVERYTHING)).ok
+    kernel = IptablesKernel(commands=commands)
+    ops = plan(open_.state, kernel.observe(access=open_.access), ownership=EVERYTHING)
+    assert kernel.apply(ops, access=open_.access).ok
     assert reaches(commands.tables[4], OUTSIDE, key(LB_IP))
-    current["desired"] = closed
-    observed = kernel.observe()
+    observed = kernel.observe(access=closed.access)
     assert not plan(closed.state, observed, ownership=EVERYTHING)  # no IPVS operation
     assert kernel.damage()
-    assert kernel.apply([]).ok
+    assert kernel.apply([], access=closed.access).ok
     assert not reaches(commands.tables[4], OUTSIDE, key(LB_IP))
     assert reaches(commands.tables[4], INSIDE, key(LB_IP))
 
@@ -277,30 +267,26 @@ def test_both_backends_decide_alike(access, masquerade_all, cidr):
     )
 
 
-def test_refresh_rewrites_only_what_an_access_change_alters():
-    """The partial pass's hook: the Service gains its ranges, `refresh()` writes the
+def test_a_pass_with_an_access_change_rewrites_only_what_it_alters():
+    """A partial pass hands the fallback the access of what it looked at, with no operation
+    when only the access changed: the Service gains its ranges, the apply writes the
     LoadBalancer's chains (one restore) and nothing else."""
     open_ = balanced(loadBalancerSourceRanges=[])
-    current = {"desired": open_}
+    closed = balanced()
     commands = FakeIptables()
-    kernel = IptablesKernel(
-        commands=commands,
-        access=lambda keys: {
-            k: current["desired"].access[k] for k in keys if k in current["desired"].access
-        },
-    )
-    assert kernel.apply(plan(open_.state, kernel.observe(), ownership=EVERYTHING)).ok
+    kernel = IptablesKernel(commands=commands)
+    ops = plan(open_.state, kernel.observe(access=open_.access), ownership=EVERYTHING)
+    assert kernel.apply(ops, access=open_.access).ok
     commands.calls.clear()
-    kernel.refresh(open_.state.services)  # nothing changed: nothing written
+    assert kernel.apply([], access=open_.access).ok  # nothing changed: nothing written
     assert commands.calls == []
-    current["desired"] = balanced()
-    kernel.refresh(open_.state.services)
+    assert kernel.apply([], access=closed.access).ok
     assert commands.tools() == ["iptables-restore"]
     lb = svc_chain(key(LB_IP))
     assert commands.declared() == {lb, EXT_PREFIX + lb[11:]}
     assert not reaches(commands.tables[4], OUTSIDE, key(LB_IP))
     assert reaches(commands.tables[4], INSIDE, key(LB_IP))
-    assert kernel.observe() is not None
+    assert kernel.observe(access=closed.access) is not None
     assert kernel.damage() == ()
 
 

@@ -35,11 +35,13 @@ class NoTwos(FakeKernel):
         super().__init__()
         self.refused: list[Op] = []
 
-    def apply(self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None) -> ApplyReport:
+    def apply(
+        self, plan: Sequence[Op], *, names: Mapping[VSKey, str] | None = None, access: Any = None
+    ) -> ApplyReport:
         for op in plan:
             if isinstance(op, AddService | UpdateService) and op.vs.scheduler is Scheduler.TWOS:
                 self.errors[op] = Unsupported(f"{op}: ENOENT: scheduler module not available")
-        report = super().apply(plan, names=names)
+        report = super().apply(plan, names=names, access=access)
         self.refused += [f.op for f in report.failures if isinstance(f.error, Unsupported)]
         return report
 
@@ -125,13 +127,13 @@ def test_a_failed_operation_is_retried_for_its_virtual_server_alone_with_backoff
     add = None
     original_apply = kernel.apply
 
-    def failing_apply(plan, *, names=None):  # AddDest of b's endpoint always fails
+    def failing_apply(plan, *, names=None, access=None):  # AddDest of b's endpoint always fails
         nonlocal add
         for op in plan:
             if isinstance(op, AddDest) and str(op.rs.key.address) == "10.244.0.2":
                 add = op
                 kernel.errors[op] = KernelError("EINVAL")
-        return original_apply(plan, names=names)
+        return original_apply(plan, names=names, access=access)
 
     kernel.apply = failing_apply  # type: ignore[method-assign]
     proxier.sync(tracker.take(), full=True)
@@ -182,11 +184,11 @@ def test_health_stays_up_over_sync_periods_while_an_operation_keeps_failing(capl
     agent.kernel.refused = []  # type: ignore[attr-defined]
     real_apply = agent.kernel.apply
 
-    def failing_apply(plan: Sequence[Op], *, names: Any = None) -> ApplyReport:
+    def failing_apply(plan: Sequence[Op], *, names: Any = None, access: Any = None) -> ApplyReport:
         for op in plan:
             if isinstance(op, AddDest) and str(op.rs.key.address) == "10.244.0.9":
                 agent.kernel.errors[op] = KernelError(f"{op}: EINVAL")
-        return real_apply(plan, names=names)
+        return real_apply(plan, names=names, access=access)
 
     agent.kernel.apply = failing_apply  # type: ignore[method-assign]
     agent.health._clock = clock
@@ -243,11 +245,11 @@ def test_many_failures_with_one_error_are_named_a_few_times_then_counted(caplog)
     agent.feed(service("web"), slice_("web", endpoints=endpoints))
     real_apply = agent.kernel.apply
 
-    def failing_apply(plan: Sequence[Op], *, names: Any = None) -> ApplyReport:
+    def failing_apply(plan: Sequence[Op], *, names: Any = None, access: Any = None) -> ApplyReport:
         for op in plan:
             if isinstance(op, AddDest):
                 agent.kernel.errors[op] = KernelError("iptables-restore: line 7 failed")
-        return real_apply(plan, names=names)
+        return real_apply(plan, names=names, access=access)
 
     agent.kernel.apply = failing_apply  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, logger="ipvsproxy.sync"):

@@ -132,14 +132,14 @@ class RecordedFirst(FakeKernel):
         self.host = host
         self.unrecorded: list[VSKey] = []
 
-    def apply(self, plan: Any, *, names: Any = None) -> Any:
+    def apply(self, plan: Any, *, names: Any = None, access: Any = None) -> Any:
         held = self.host.held().get("IPVSPROXY-CREATED", frozenset())
         for op in plan:
             if isinstance(op, AddService) and op.vs.key.address == ip_address(NODE):
                 key = op.vs.key
                 if f"{key.address},tcp:{key.port}" not in held:
                     self.unrecorded.append(key)
-        return super().apply(plan, names=names)
+        return super().apply(plan, names=names, access=access)
 
 
 def test_a_node_address_virtual_server_is_recorded_before_it_is_created():

@@ -53,7 +53,7 @@ def sync(config: Config, host: Any, node: Any) -> tuple[FakeKernel, Proxier, Tra
     tracker.replace(SLICE, [endpoints])
     kernel = FakeKernel()
     proxier = Proxier(kernel=kernel, config=config, node_addresses=lambda: host[0])
-    proxier.refresh_host()
+    proxier.desired.refresh_host()
     proxier.sync(tracker.take(), full=True)
     return kernel, proxier, tracker
 
@@ -104,7 +104,7 @@ def test_the_primary_keyword_on_the_command_line():
 def test_an_address_added_to_the_host_gets_its_nodeports_at_the_next_full_pass():
     agent, runner, clock = driven_agent()
     host: list[tuple[IPAddress, ...]] = [(V4,)]
-    agent.sync.proxier.node_addresses = lambda: host[0]
+    agent.sync.proxier.desired.node_addresses = lambda: host[0]
     svc, endpoints = dual_stack_nodeport()
     agent.tracker.replace(NODE, [node_object(("InternalIP", "192.168.0.10"))])
     agent.feed(svc, endpoints)
@@ -126,12 +126,12 @@ def test_the_same_host_addresses_in_another_order_are_no_change():
     proxier = Proxier(
         kernel=FakeKernel(), config=Config(node_name="node-a"), node_addresses=lambda: found[0]
     )
-    assert proxier.refresh_host()  # the first read
+    assert proxier.desired.refresh_host()  # the first read
     found.pop(0)
-    assert not proxier.refresh_host()
+    assert not proxier.desired.refresh_host()
     found.append((V4,))
     found.pop(0)
-    assert proxier.refresh_host()  # one lost
+    assert proxier.desired.refresh_host()  # one lost
 
 
 def test_only_a_node_change_the_translation_reads_hands_over_every_service():

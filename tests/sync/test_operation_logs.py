@@ -173,11 +173,11 @@ def test_a_refused_operation_is_an_error_line_naming_service_servers_and_error(c
     agent, runner, _ = driven_agent()
     real_apply = agent.kernel.apply
 
-    def refusing(plan: Sequence[Op], *, names: Any = None) -> ApplyReport:
+    def refusing(plan: Sequence[Op], *, names: Any = None, access: Any = None) -> ApplyReport:
         for op in plan:
             if isinstance(op, AddDest) and str(op.rs.key.address) == "10.244.0.2":
                 agent.kernel.errors[op] = KernelError("EINVAL")
-        return real_apply(plan, names=names)
+        return real_apply(plan, names=names, access=access)
 
     agent.kernel.apply = refusing  # type: ignore[method-assign]
     agent.feed(*cluster(dns=False))
