@@ -122,7 +122,7 @@ def from_agent(
             if ramp.key in mine
         }
         wanted = _ramping(_holding(index.state_for(mine, addresses), proxier), ramps)
-        wanted = proxier.refusals.served(wanted, owners, whole=False)
+        wanted = proxier.refusals.serving(wanted)  # changes nothing of the pass
         kernel = proxier.table.state_for(mine, addresses)
         ownership, manage = proxier.ownership, proxier.manage_addresses
         warnings = proxier.warnings

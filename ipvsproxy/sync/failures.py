@@ -85,6 +85,20 @@ class Refusals:
                 services[key] = served
         return state if services is None else replace(state, services=services)
 
+    def serving(self, state: IpvsState) -> IpvsState:
+        """What `served()` would serve for `state`, changing nothing: for readers outside
+        the pass (`status`), which must not move the pass's notes or forget a refusal."""
+        if not self._refused and not self._missing:
+            return state
+        services = dict(state.services)
+        for key, vs in state.services.items():
+            refused = self._refused.get(key)
+            if refused is not None and refused[0] == vs:
+                services[key] = refused[1]
+            elif vs.scheduler in self._missing:
+                services[key] = replace(vs, scheduler=self.default)
+        return replace(state, services=services)
+
     def _substitute(self, vs: VirtualServer, names: Mapping[VSKey, str]) -> VirtualServer:
         refused = self._refused.get(vs.key)
         if refused is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from ipaddress import ip_address
 from typing import Any
 
@@ -14,7 +15,7 @@ from ipvsproxy.backoff import Backoff
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, Unsupported
 from ipvsproxy.kernel import ApplyReport
-from ipvsproxy.model import AddDest, AddService, Op, Proto, UpdateService, VSKey
+from ipvsproxy.model import AddDest, AddService, Op, Proto, UpdateService, VirtualServer, VSKey
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
 from ipvsproxy.sync.failures import Failing
@@ -262,3 +263,33 @@ def test_many_failures_with_one_error_are_named_a_few_times_then_counted(caplog)
     assert (
         failed[-1] == f"operation failed: {more} more operations: iptables-restore: line 7 failed"
     )
+
+
+def test_a_reader_sees_what_is_served_and_changes_nothing_of_the_pass():
+    """`status` asks what is served for the Services it shows (`Refusals.serving`) from its
+    own thread: it sees the substitutes, and neither the pass's warnings nor what it
+    remembers of the kernel's refusals move, whatever the reader asks about."""
+    kernel = NoTwos()
+    tracker = tracker_with(twos("a", "10.96.0.1"), twos("b", "10.96.0.2"))
+    proxier = Proxier(kernel=kernel, config=CONFIG)
+    proxier.sync(tracker.take(), full=True)
+    proxier.sync(tracker.take(), full=False)
+    state = proxier.index.desired().state
+    served = proxier.refusals.serving(state)
+    assert {vs.scheduler for vs in served.services.values()} == {Scheduler.RR}
+    assert {vs.scheduler for vs in state.services.values()} == {Scheduler.TWOS}
+    warnings = proxier.warnings
+    other = {  # a asks for lc now (the pass would forget its refusal), a third for twos
+        key: replace(vs, scheduler=Scheduler.LC) if str(key.address) == "10.96.0.1" else vs
+        for key, vs in state.services.items()
+    }
+    third = VirtualServer(VSKey(ip_address("10.96.0.3"), 80, Proto.TCP), Scheduler.TWOS)
+    asked = replace(state, services={**other, third.key: third})
+    shown = proxier.refusals.serving(asked).services
+    assert shown[third.key].scheduler is Scheduler.RR  # known missing
+    assert {str(k.address): vs.scheduler for k, vs in shown.items()}["10.96.0.1"] is Scheduler.LC
+    assert proxier.warnings == warnings
+    result = proxier.sync(tracker.take(), full=False)  # the pass: still the substitutes
+    assert result.sync.report.ok
+    assert len(kernel.refused) == 2
+    assert schedulers(kernel) == {"10.96.0.1": Scheduler.RR, "10.96.0.2": Scheduler.RR}
