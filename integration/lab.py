@@ -32,6 +32,7 @@ from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 
+from integration.host import clean_ipvs, skip_unless_ci
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.nlread import SetReader
@@ -438,7 +439,6 @@ def two_nodes(
     """Two nodes on the bridge ipvsp-br with `pods` behind each (node 1's, node 2's), routed
     to each other's pods, from an empty IPVS table; `configure` adjusts each node before its
     pods are added. Everything is removed when the block ends."""
-    from integration.conftest import clean_ipvs
 
     clean_ipvs()
     subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
@@ -478,3 +478,25 @@ def endpoints(name: str, *pods: tuple[str, str], proto: str = "TCP") -> dict[str
         name, ports=(("p", PORT, proto),), endpoints=[ep(a, node=where) for a, where in pods]
     )
     return made
+
+
+def require_sctp() -> None:
+    """SCTP traffic needs the kernel's sctp module (scripts/vm loads it): skip without it,
+    fail under CI=true, so the SCTP traffic tests cannot go green by skipping."""
+    if not sctp_available():
+        skip_unless_ci("this kernel cannot open SCTP sockets (modprobe sctp)")
+
+
+@contextlib.contextmanager
+def ipvs_lab(backends: int, **options: Any) -> Iterator[Lab]:
+    """A lab (integration.lab.built) on an empty IPVS table, with the sysctls ipvsproxy sets
+    for this kernel; the table emptied again afterwards."""
+    from ipvsproxy.netlink import sysctl
+
+    clean_ipvs()
+    sysctl.ensure(sysctl.required(os.uname().release))
+    try:
+        with built(backends, **options) as lab:
+            yield lab
+    finally:
+        clean_ipvs()

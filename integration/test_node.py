@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.conftest import clean_ipvs, require
+from integration.host import clean_ipvs, require
 from integration.lab import Lab
 from integration.services import EXAMPLE_NODE_ADDRESS, EXAMPLE_PODS
 from ipvsproxy.schedulers import Scheduler

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from integration.conftest import clean_ipvs
+from integration.host import clean_ipvs
 from integration.lab import PORT, Lab, alive, connect, request, udp_request
 from tests import support
 from tests.factories import ep, node, port, service, slice_

@@ -77,7 +77,7 @@ def test_run_once_reports_failed_operations(clean, tmp_path):
         "  annotations: {ipvsproxy.io/scheduler: twos}\n"
         "spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n"
     )
-    from integration.conftest import kernel_missing_schedulers
+    from integration.host import kernel_missing_schedulers
     from ipvsproxy.schedulers import Scheduler
 
     result = invoke("run", "--once", "--manifests", str(tmp_path), *NODE)

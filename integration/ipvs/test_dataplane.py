@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.conftest import clean_ipvs
+from integration.host import clean_ipvs
 from integration.lab import PORT, Lab, connect, request
 from tests.factories import ep, node, port, service, slice_
 

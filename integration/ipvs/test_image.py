@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.conftest import _skip_unless_ci, clean_ipvs
+from integration.host import clean_ipvs, skip_unless_ci
 from integration.lab import Lab, request, udp_request
 from integration.pods import Pod, load, podman
 from integration.services import EXAMPLE_NODE_ADDRESS, EXAMPLE_PODS
@@ -44,7 +44,7 @@ def archive() -> Path:
 def rendered() -> list[dict[str, Any]]:
     """The standalone overlay as `kubectl apply -k` would send it."""
     if shutil.which("kubectl") is None:
-        _skip_unless_ci("kubectl (with kustomize) is not installed")
+        skip_unless_ci("kubectl (with kustomize) is not installed")
     out = subprocess.run(
         ["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, check=True
     ).stdout
@@ -82,9 +82,9 @@ def probe(container: dict[str, Any], name: str) -> tuple[int, str]:
 def image() -> str:
     path = archive()
     if not path.exists():
-        _skip_unless_ci(f"{path} is missing: build it with scripts/image")
+        skip_unless_ci(f"{path} is missing: build it with scripts/image")
     if shutil.which("podman") is None:
-        _skip_unless_ci("podman is not installed")
+        skip_unless_ci("podman is not installed")
     return load(path)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from integration import kube_proxy_layout as kube_proxy
-from integration.conftest import clean_ipvs
+from integration.host import clean_ipvs
 from integration.lab import IPVSPROXY, PORT, Lab, connect, request
 from ipvsproxy.firewall.rules import PREFIX
 from tests import support

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.conftest import kernel_missing_schedulers
+from integration.host import kernel_missing_schedulers
 from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.errors import Unsupported

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.conftest import clean_ipvs, kernel_missing_schedulers
+from integration.host import clean_ipvs, kernel_missing_schedulers
 from integration.lab import PORT, Lab, agent_command, request
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION, Scheduler
 from tests.factories import ep, node, port, service, slice_

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from integration.conftest import ipvs_lab
-from integration.lab import PORT, Lab, request
+from integration.lab import PORT, Lab, ipvs_lab, request
 from integration.services import NODE_IP, program, svc
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.netlink import NetlinkKernel

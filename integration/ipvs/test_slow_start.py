@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from integration.conftest import clean_ipvs
+from integration.host import clean_ipvs
 from integration.lab import PORT, Lab, agent_command, request
 from ipvsproxy.schedulers import SCHEDULER_ANNOTATION
 from ipvsproxy.sync.slowstart import FULL_WEIGHT, SLOW_START_ANNOTATION

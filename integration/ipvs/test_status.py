@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from integration.conftest import clean_ipvs
+from integration.host import clean_ipvs
 from integration.lab import IPVSPROXY, PORT, Lab, agent_command, built, request
 from tests.factories import ep, node, port, service, slice_
 from tests.status.scene import SCHEMA

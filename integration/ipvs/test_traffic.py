@@ -12,8 +12,8 @@ from ipaddress import ip_address
 
 import pytest
 
-from integration.conftest import clean_ipvs, ipvs_lab, require_sctp
-from integration.lab import PORT, Lab, connect, request, udp_request
+from integration.host import clean_ipvs
+from integration.lab import PORT, Lab, connect, ipvs_lab, request, require_sctp, udp_request
 from integration.services import NODE_IP, program, svc
 from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.netlink import NetlinkKernel
