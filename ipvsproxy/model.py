@@ -201,6 +201,21 @@ def state_of(
     )
 
 
+def part_of(
+    services: Mapping[VSKey, VirtualServer],
+    dests: Mapping[VSKey, Dests],
+    bound: Container[IPAddress],
+    keys: Iterable[VSKey],
+    addresses: Iterable[IPAddress],
+) -> IpvsState:
+    """The part of a table (the desired one, or the kernel's as known) that holds these
+    virtual servers and addresses: those of them it has."""
+    found = {k: vs for k in keys if (vs := services.get(k)) is not None}
+    return IpvsState(
+        found, {k: dests[k] for k in found}, frozenset(a for a in addresses if a in bound)
+    )
+
+
 # ---- operations -------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from ipvsproxy.model import (
     UpdateService,
     VirtualServer,
     VSKey,
+    part_of,
 )
 from ipvsproxy.proxier.plan import PassPlan, UdpFlows, touched
 from ipvsproxy.sync.drain import Drainer
@@ -90,12 +91,7 @@ class KnownTable:
                     (self.bound.add if isinstance(op, BindAddress) else self.bound.discard)(address)
 
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
-        services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
-        return IpvsState(
-            services,
-            {k: self.dests.get(k, {}) for k in services},
-            frozenset(a for a in addresses if a in self.bound),
-        )
+        return part_of(self.services, self.dests, self.bound, keys, addresses)
 
 
 @dataclass(frozen=True, slots=True)

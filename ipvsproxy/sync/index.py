@@ -21,7 +21,15 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from ipvsproxy.api import Ref
-from ipvsproxy.model import IPAddress, IpvsState, RealServer, RSKey, VirtualServer, VSKey
+from ipvsproxy.model import (
+    IPAddress,
+    IpvsState,
+    RealServer,
+    RSKey,
+    VirtualServer,
+    VSKey,
+    part_of,
+)
 from ipvsproxy.sync.desired import Access, Contribution, Desired, Entry, NoLocal
 
 _EMPTY = Contribution()
@@ -143,12 +151,7 @@ class DesiredIndex:
 
     def state_for(self, keys: Iterable[VSKey], addresses: Iterable[IPAddress]) -> IpvsState:
         """The desired state of these virtual servers and addresses only."""
-        services = {k: vs for k in keys if (vs := self.services.get(k)) is not None}
-        return IpvsState(
-            services,
-            {k: self.dests[k] for k in services},
-            frozenset(a for a in addresses if a in self._binders),
-        )
+        return part_of(self.services, self.dests, self._binders, keys, addresses)
 
     def names(self, keys: Iterable[VSKey]) -> dict[VSKey, str]:
         return {k: e.origin for k in keys if (e := self._winners.get(k)) is not None}
