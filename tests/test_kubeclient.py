@@ -537,3 +537,34 @@ def test_connections_given_up_at_the_deadline_hold_a_bounded_number_of_threads()
     eventually(lambda: not connecting(), 5)
     assert len(made) == kubeclient._WORKERS
     assert all(sock.fileno() == -1 for sock in made)  # closed: made too late
+
+
+def test_the_deadline_cuts_a_trickling_plain_http_server(not_in_cluster: None) -> None:
+    """Over http the connection is made inside the request (no TLS handshake first): its
+    socket is watched once made, and a body trickled a byte at a time ends at the deadline."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the request (small, one read)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            with contextlib.suppress(OSError):
+                for _ in range(200):  # 10 s, then the connection closes
+                    if stop.wait(0.05):
+                        break
+                    conn.sendall(b"x")
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    started = time.monotonic()
+    try:
+        with client(kubeconfig=None, context=None, master=url) as api, Deadline(0.5) as d:
+            with contextlib.suppress(urllib3.exceptions.HTTPError):
+                api.get("/api/v1/services", [], timeout=(5, 5)).read()
+            assert d.expired
+    finally:
+        stop.set()
+        listener.close()
+    assert time.monotonic() - started < 5  # the server's trickle: 10 s
