@@ -335,13 +335,15 @@ def test_a_user_and_password_are_sent_as_basic_auth(server: ApiServer, tmp_path:
 
 
 def test_an_exec_plugin_is_run_by_the_library(server: ApiServer, tmp_path: Path) -> None:
+    """A token it returns is the library's (which renews it); the plugin runs at most twice
+    at load: once by ipvsproxy, looking for a client certificate to keep in memory."""
     credential = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
         "kind": "ExecCredential",
         "status": {"token": server.token},
     }
     plugin = tmp_path / "plugin"
-    plugin.write_text(f"#!/bin/sh\necho '{json.dumps(credential)}'\n")
+    plugin.write_text(f"#!/bin/sh\necho run >>{tmp_path}/runs\necho '{json.dumps(credential)}'\n")
     plugin.chmod(0o755)
     exec_ = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
@@ -349,6 +351,34 @@ def test_an_exec_plugin_is_run_by_the_library(server: ApiServer, tmp_path: Path)
         "interactiveMode": "Never",
     }
     assert get(write(tmp_path / "kc", kubeconfig(server, tmp_path, exec=exec_))) == 200
+    assert 1 <= len((tmp_path / "runs").read_text().split()) <= 2
+
+
+def test_an_exec_plugins_expired_token_is_renewed_before_a_request(
+    server: ApiServer, tmp_path: Path
+) -> None:
+    """The library's refresh hook, which `Client.get` runs through `auth_settings()`."""
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "kind": "ExecCredential",
+        "status": {"token": server.token, "expirationTimestamp": "2000-01-01T00:00:00Z"},
+    }
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f"#!/bin/sh\necho run >>{tmp_path}/runs\necho '{json.dumps(credential)}'\n")
+    plugin.chmod(0o755)
+    exec_ = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": str(plugin),
+        "interactiveMode": "Never",
+    }
+    path = write(tmp_path / "kc", kubeconfig(server, tmp_path, exec=exec_))
+    with client(kubeconfig=path, context=None) as api:
+        loaded = len((tmp_path / "runs").read_text().split())
+        for _ in range(2):
+            response = api.get("/api/v1/services", [])
+            response.read()
+            assert response.status == 200
+        assert len((tmp_path / "runs").read_text().split()) == loaded + 2
 
 
 def test_without_kubeconfig_or_cluster_the_default_kubeconfig_is_read(
