@@ -1,6 +1,6 @@
 """The API client: the `kubernetes` library's configuration, and plain GETs through its HTTP layer.
 
-Owns `client()`, which configures the library from a kubeconfig file (`load_kube_config`) or
+Owns `client()`, which configures the library from a kubeconfig file (as `load_kube_config`) or
 from the Pod's service account (`load_incluster_config`) and maps any failure to one
 `ConfigError` line, and `Client`, which sends GETs through the library's `RESTClientObject`
 (TLS, client certificates, proxy, the connection pool: all from the `Configuration`). It
@@ -15,14 +15,21 @@ service-account token and renews an exec plugin's expired one. The generated API
 not used: they build model objects for every response, and `ipvsproxy.kube` reads raw JSON.
 
 Key material never lands on disk. The library writes every `*-data` field of a kubeconfig
-(`client-key-data`, `client-certificate-data`, `certificate-authority-data`, and an exec
-plugin's `clientKeyData`) to a temp file, which ssl then loads by name on every new
-connection; it removes them only at a clean exit, so after `kill -9` the client's private
-key stayed in /tmp. `client()` first replaces the library's one writer of those files
-(`kube_config._create_temp_file_with_content`, a private function: the one exception to not
-patching other packages, for this reason; tests/test_kubeclient.py fails if it moves) with
-`_memory_file()`: an anonymous memory file (memfd_create), named to ssl as /proc/self/fd/N,
-mode 0600, gone with the process however it ends.
+(`client-key-data`, `client-certificate-data`, `certificate-authority-data`) and an exec
+plugin's `clientCertificateData`/`clientKeyData` to temp files, which ssl then loads by name
+on every new connection; it removes them only at a clean exit, so after `kill -9` the client's
+private key stayed in /tmp. So `client()` does what `load_kube_config` does, through the same
+public classes (`KubeConfigMerger` reads and merges the files, `KubeConfigLoader` loads the
+result), but first puts those fields of the chosen context's cluster and user into anonymous
+memory files (memfd_create), named to the library and ssl by their file fields as
+/proc/self/fd/N, mode 0600, gone with the process however it ends. An exec plugin that the
+user authenticates with is run here first (the library's public `ExecProvider`): a client
+certificate it returns goes to memory files the same way and the library does not run it; a
+token it returns is left to the library, which runs the plugin a second time (once, at load)
+and renews the token when it expires. No private name of the library is read or replaced
+(rule 13); the cost is that `client()` follows the library's public classes, not its one
+function. Not covered, as it is not a secret: an OIDC auth provider's
+`idp-certificate-authority-data`, a CA certificate, still goes to a temp file on refresh.
 
 Every request is reported to `observe(method, host, code, seconds)` (the agent's
 rest_client_* metrics, as client-go reports its own): `code` is the HTTP status or `<error>`
@@ -30,11 +37,14 @@ when none came, `host` the server's host:port, `seconds` the time to the respons
 (the body is streamed afterwards), None for a watch, which client-go does not time.
 
 A request can be given a `Deadline`: a time after which every socket the calling thread
-opened or reused for it is shut down, whatever phase it is in (TLS handshake, headers, body).
-A per-read socket timeout alone cannot cut a server that trickles one byte at a time: each
-read returns in time, and the request never ends. Before there is a socket, the name of the
-server is resolved and the connection made (urllib3's `_new_conn`) on a worker thread that the
-request waits for until the deadline: `getaddrinfo` has no timeout and nothing to shut down.
+opened or reused for it is shut down, whatever phase it is in (headers, body). A per-read
+socket timeout alone cannot cut a server that trickles one byte at a time: each read returns
+in time, and the request never ends. A new connection is made (urllib3's public
+`HTTPConnection.connect()`: resolve the server's name, connect, the TLS handshake) on a
+worker thread that the request waits for until the deadline, and its socket is watched once
+it is made: `getaddrinfo` has no timeout and nothing to shut down, and the socket is only
+seen by public means once the handshake is done (a worker given up on in the handshake ends
+it under the socket's own timeout, then closes the connection).
 
 Must not import: anything of ipvsproxy but `errors`.
 Imports: kubernetes (client, config), urllib3, yaml, errors.
@@ -42,8 +52,8 @@ Imports: kubernetes (client, config), urllib3, yaml, errors.
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -59,6 +69,8 @@ from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTClientObject
 from kubernetes.config import ConfigException, kube_config, load_incluster_config
+from kubernetes.config.exec_provider import ExecProvider
+from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
 from urllib3.exceptions import ConnectTimeoutError, LocationParseError
 from urllib3.util import parse_url
 
@@ -74,7 +86,6 @@ __all__ = [
 ]
 
 Observe = Callable[[str, str, str, float | None], None]
-log = logging.getLogger(__name__)
 
 
 def unobserved(method: str, host: str, code: str, seconds: float | None) -> None:
@@ -180,31 +191,30 @@ class Deadline:
             if self.expired:
                 _cut(dup)
 
-    def connect(self, new_conn: Callable[[], socket.socket]) -> socket.socket:
-        """`new_conn()` (urllib3's: resolve the server's name, then connect) on a worker
-        thread, waited for until the time is up; then the deadline expires (as the timer
-        would a moment later) and this raises `TimeoutError`.
+    def connect(self, connect: Callable[[], None], close: Callable[[], None]) -> None:
+        """`connect()` (urllib3's `HTTPConnection.connect`: resolve the server's name,
+        connect, and for https the TLS handshake) on a worker thread, waited for until the
+        time is up; then the deadline expires (as the timer would a moment later), this
+        raises `TimeoutError`, and `close()` is run by the worker once `connect()` ends.
 
         Why a thread: `getaddrinfo` blocks in the C library with no timeout of ours and no
         socket to shut down (glibc asks each name server for `timeout` x `attempts` seconds;
         an NSS module, LDAP or sssd, may block for far longer), so nothing else can end it
-        at the deadline. A worker still resolving is left to finish by itself: a daemon
-        thread, it never holds up the process's exit; a socket it makes too late is closed.
-        At most `_WORKERS` run at once, so a resolver that never answers costs that many
-        threads, not one per attempt: past that, a connection waits for a free one within
-        its own deadline.
+        at the deadline. A worker given up on is left to finish by itself (a TLS handshake it
+        is in ends with the socket's own timeout): a daemon thread, it never holds up the
+        process's exit; a connection it makes too late is closed. At most `_WORKERS` run at
+        once, so a resolver that never answers costs that many threads, not one per attempt:
+        past that, a connection waits for a free one within its own deadline.
         """
         left = self._end - time.monotonic()
         if self.expired or left <= 0 or not _workers.acquire(timeout=left):
             self._expire()
             raise TimeoutError("no worker free to connect")
-        attempt = _Attempt(new_conn)
+        attempt = _Attempt(connect, close)
         threading.Thread(target=attempt.run, name="ipvsproxy-connect", daemon=True).start()
-        sock = attempt.wait(self._end - time.monotonic())
-        if sock is None:
+        if not attempt.wait(self._end - time.monotonic()):
             self._expire()
-            raise TimeoutError("name resolution or connect still under way")
-        return sock
+            raise TimeoutError("name resolution, connect or TLS handshake still under way")
 
     def _expire(self) -> None:
         with self._lock:
@@ -218,42 +228,41 @@ _workers = threading.BoundedSemaphore(_WORKERS)
 
 
 class _Attempt:
-    """One `new_conn()` on a worker thread, which a waiter may give up on."""
+    """One `connect()` on a worker thread, which a waiter may give up on (then `close()`)."""
 
-    def __init__(self, new_conn: Callable[[], socket.socket]) -> None:
-        self._new_conn = new_conn
+    def __init__(self, connect: Callable[[], None], close: Callable[[], None]) -> None:
+        self._connect = connect
+        self._close = close
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._abandoned = False
-        self._sock: socket.socket | None = None
+        self._connected = False
         self._error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            sock = self._new_conn()
+            self._connect()
         except BaseException as exc:  # handed to the waiter, raised there
             with self._lock:
                 self._error = exc
         else:
             with self._lock:
-                if self._abandoned:
-                    sock.close()  # too late: nobody will use it
-                else:
-                    self._sock = sock
+                too_late, self._connected = self._abandoned, not self._abandoned
+            if too_late:
+                self._close()  # nobody will use it
         finally:
             _workers.release()
             self._finished.set()
 
-    def wait(self, seconds: float) -> socket.socket | None:
-        """The socket, or None if not made within `seconds` (then given up on); `new_conn`'s
-        own error is raised here."""
+    def wait(self, seconds: float) -> bool:
+        """Whether `connect()` ended within `seconds` (if not, it is given up on);
+        its own error is raised here."""
         self._finished.wait(max(seconds, 0))
         with self._lock:
             if self._error is not None:
                 raise self._error
-            if self._sock is None:
-                self._abandoned = True
-            return self._sock
+            self._abandoned = not self._connected
+            return self._connected
 
 
 def _cut(sock: socket.socket) -> None:
@@ -262,28 +271,30 @@ def _cut(sock: socket.socket) -> None:
 
 
 class _Watched:
-    """A urllib3 connection whose socket the thread's active `Deadline` may cut: the new
-    socket before its TLS handshake, a pooled one when it is reused for a request."""
+    """A urllib3 connection whose socket the thread's active `Deadline` may cut: a new one
+    once connected (`connect`, urllib3's public method, run on a worker thread), a pooled
+    one when it is reused for a request (`request`)."""
 
-    sock: socket.socket | None
+    sock: Any
     host: str
     port: int | None
 
-    def _new_conn(self) -> socket.socket:
-        new_conn: Callable[[], socket.socket] = super()._new_conn  # type: ignore[misc]
+    def connect(self) -> None:
+        connect: Callable[[], None] = super().connect  # type: ignore[misc]
         deadline: Deadline | None = getattr(_active, "deadline", None)
         if deadline is None:
-            return new_conn()
+            connect()
+            return
         try:
-            sock = deadline.connect(new_conn)
+            deadline.connect(connect, self.close)  # type: ignore[attr-defined]
         except TimeoutError as exc:  # as urllib3 says a connect timed out
             raise ConnectTimeoutError(
                 self,
                 f"no connection to {self.host}:{self.port} before the {deadline.seconds:g}s "
                 f"deadline ({exc})",
             ) from exc
-        deadline.watch(sock)
-        return sock
+        if self.sock is not None:
+            deadline.watch(self.sock)
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         if self.sock is not None:
@@ -335,7 +346,6 @@ def client(
     The caller closes it (`.close()`). urllib3's own retries are off: the watch loop retries
     with backoff itself, and a hidden retry would only delay seeing a failure.
     """
-    _keep_key_material_in_memory()
     configuration = Configuration()
     if kubeconfig is not None:
         if not kubeconfig.is_file():
@@ -408,12 +418,110 @@ def _load_kubeconfig(
     `named`: the path as the error names it, with where it came from)."""
     where = named or path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
     try:
-        kube_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, client_configuration=configuration
-        )
+        _load_in_memory(path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION, context, configuration)
     except (ConfigException, OSError, yaml.YAMLError, *_SHAPE) as exc:
         reason = f"{also}; {where}: {_describe(exc)}" if also else f"{where}: {_describe(exc)}"
         raise ConfigError(f"cannot load the Kubernetes client configuration ({reason})") from exc
+
+
+def _load_in_memory(paths: str, context: str | None, configuration: Any) -> None:
+    """What `load_kube_config(paths, context)` does, through the same public classes
+    (`KubeConfigMerger`: the files of a `:`-separated list merged, each entry remembering
+    its file for relative paths; `KubeConfigLoader`), with the key material of the context's
+    cluster and user moved into memory files first (see above)."""
+    merger = KubeConfigMerger(paths)  # type: ignore[no-untyped-call]
+    config = merger.config
+    if config is None:
+        raise ConfigException("Invalid kube-config file. No configuration found.")
+    _move_key_material(config, context)
+    loader = KubeConfigLoader(  # type: ignore[no-untyped-call]
+        config_dict=config,
+        active_context=context,
+        config_base_path=None,
+        config_persister=merger.save_changes,
+    )
+    loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+
+
+# a `*-data` field (base64) -> the field naming a file, which the library reads instead
+_CLUSTER_DATA = {"certificate-authority-data": "certificate-authority"}
+_USER_DATA = {"client-certificate-data": "client-certificate", "client-key-data": "client-key"}
+# a user with one of these is not authenticated by its exec plugin (the library's order)
+_BEFORE_EXEC = ("auth-provider", "token", "tokenFile")
+
+
+def _move_key_material(config: Any, context: str | None) -> None:
+    """In the merged kubeconfig `config`, replace the entries of the cluster and user that
+    `context` (else current-context) names, as `KubeConfigLoader` finds them, by copies with
+    each non-empty `*-data` field turned into its file field naming a memory file, and an
+    exec plugin's client certificate and key likewise (see `_exec_in_memory`). Copies: the
+    files' own content is what `save_changes` compares, so nothing of ours is written back."""
+    name = context if context is not None else config["current-context"]
+    chosen = config["contexts"].get_with_name(name)["context"]
+    cluster = config["clusters"].get_with_name(chosen["cluster"])
+    _replace(
+        config["clusters"],
+        cluster,
+        "cluster",
+        _data_in_memory(cluster["cluster"].value, _CLUSTER_DATA),
+    )
+    user_name = chosen.safe_get("user")
+    if not user_name or not config.safe_get("users"):
+        return
+    user = config["users"].get_with_name(user_name, safe=True)
+    if user is None or not isinstance(user.safe_get("user"), dict):
+        return
+    fields = _data_in_memory(user["user"].value, _USER_DATA)
+    if "exec" in fields and not any(fields.get(key) for key in _BEFORE_EXEC):
+        fields = _exec_in_memory(fields, user["user"]["exec"], cluster["cluster"])
+    _replace(config["users"], user, "user", fields)
+
+
+def _replace(entries: Any, entry: Any, key: str, value: dict[str, Any]) -> None:
+    """`entry` of the list `entries` replaced by a copy whose `key` is `value`."""
+    for index, item in enumerate(entries.value):
+        if item is entry or item is entry.value:
+            copy = {**entry.value, key: value}
+            entries.value[index] = ConfigNode(entry.name, copy, entry.path)  # type: ignore[no-untyped-call]
+
+
+def _data_in_memory(fields: Any, data_to_file: dict[str, str]) -> Any:
+    """A copy of `fields` with each non-empty `*-data` field decoded into a memory file,
+    named by the file field instead (the library prefers the data field when both are set,
+    and reads nothing for an empty one: left as it is)."""
+    if not isinstance(fields, dict):
+        return fields  # not a mapping: the library says what is wrong with it
+    moved = dict(fields)
+    for data, file in data_to_file.items():
+        if moved.get(data):
+            value = moved.pop(data)
+            moved[file] = _memory_file(
+                base64.standard_b64decode(value.encode() if isinstance(value, str) else value)
+            )
+    return moved
+
+
+def _exec_in_memory(fields: dict[str, Any], plugin: Any, cluster: Any) -> dict[str, Any]:
+    """`fields` (a user) with its exec plugin run first, here (the library's public
+    `ExecProvider`, as the library runs it): a client certificate and key it returns go to
+    memory files, named by the user's file fields instead of the plugin, which the library
+    then does not run (it would write them to temp files; it never renews them either). A
+    token, or a failure, leaves the user as it is: the library runs the plugin again, and
+    renews the token when it expires."""
+    base = os.path.abspath(os.path.dirname(cluster.path)) if cluster.path is not None else ""
+    try:
+        status = ExecProvider(plugin, base, cluster).run()  # type: ignore[no-untyped-call]
+    except Exception:  # the library runs it again and reports the failure as it does
+        return fields
+    cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
+    if "token" in status or not (isinstance(cert, str) and cert and isinstance(key, str) and key):
+        return fields
+    kept = {k: v for k, v in fields.items() if k not in ("exec", "username", "password")}
+    return {
+        **kept,
+        "client-certificate": _memory_file(cert.encode()),
+        "client-key": _memory_file(key.encode()),
+    }
 
 
 def _describe(exc: Exception) -> str:
@@ -428,31 +536,15 @@ def _describe(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-# content -> the memory file holding it (the library's cache does the same with its files:
-# a context read again, or an exec plugin's renewed credential, reuses or adds one)
+# content -> the memory file holding it (a context read again reuses it)
 _memory_files: dict[bytes, int] = {}
 _memory_lock = threading.Lock()
 
 
-def _keep_key_material_in_memory() -> None:
-    """Have the library write `*-data` fields to memory files, not temp files (see above)."""
-    if not hasattr(kube_config, "_create_temp_file_with_content"):
-        log.warning(
-            "kubernetes %s: cannot keep kubeconfig key material in memory; it may be written "
-            "to temp files",
-            LIBRARY_VERSION,
-        )
-        return
-    kube_config._create_temp_file_with_content = _memory_file
-
-
-def _memory_file(
-    content: str | bytes, temp_file_path: Any = None, force_recreate: bool = False
-) -> str:
-    """The library's `_create_temp_file_with_content`, in memory: the path of an anonymous
-    file (memfd) holding `content` (`temp_file_path`, `force_recreate`: the library's
-    arguments, moot here: nothing is on disk, nothing can vanish)."""
-    data = content.encode() if isinstance(content, str) else bytes(content)
+def _memory_file(data: bytes) -> str:
+    """The path of an anonymous file (memfd, mode 0600) holding `data`: /proc/self/fd/N,
+    which ssl opens by name on every new connection, gone with the process however it
+    ends."""
     with _memory_lock:
         fd = _memory_files.get(data)
         if fd is None:

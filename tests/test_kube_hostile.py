@@ -508,8 +508,10 @@ def test_diff_against_a_name_that_never_resolves_exits_2_with_one_line_at_the_de
         assert time.monotonic() - started < 60
     assert lookups  # the resolver was asked, and blocked
     eventually(lambda: not connecting(), 5)  # the lookup, unblocked, ended its worker
-    assert line.endswith(": no connection to api.nowhere.test:6443 before the 1.5s deadline "
-                         "(name resolution or connect still under way)"), line  # fmt: skip
+    assert line.endswith(
+        ": no connection to api.nowhere.test:6443 before the 1.5s deadline "
+        "(name resolution, connect or TLS handshake still under way)"
+    ), line
 
 
 def assert_diff_fails(server: Raw, tmp_path: Path, host: str) -> str:

@@ -240,6 +240,92 @@ def test_key_material_from_an_exec_plugin_never_lands_in_a_file(
     assert get(path) == 401  # the handshake presents it (the test server takes tokens only)
 
 
+def test_the_context_chooses_whose_key_material_is_loaded_and_the_file_is_left_as_it_was(
+    server: ApiServer, tmp_path: Path
+) -> None:
+    """The `*-data` fields of the cluster and user the context names go to memory files, and
+    no other's; the kubeconfig file is not rewritten."""
+    doc = kubeconfig(server, tmp_path)
+    keys = {}
+    for name in ("first", "second"):
+        cert, keys[name] = client_pems()
+        data = {"client-certificate-data": cert, "client-key-data": keys[name]}
+        user = {field: base64.b64encode(blob).decode() for field, blob in data.items()}
+        doc["users"].append({"name": name, "user": user})
+        doc["contexts"].append({"name": name, "context": {"cluster": "test", "user": name}})
+    doc["current-context"] = "first"
+    path = write(tmp_path / "kc", doc)
+    text = path.read_text()
+    for context in ("second", None):
+        with client(kubeconfig=path, context=context) as api:
+            key_file = Path(api.configuration.key_file)
+            assert str(key_file).startswith("/proc/self/fd/")
+            assert key_file.read_bytes() == keys[context or "first"]
+            assert Path(api.configuration.ssl_ca_cert).read_bytes() == ca_pem(doc)
+    assert path.read_text() == text
+    assert get(path, context="test") == 200  # a token beside them, in another context
+
+
+def test_kubeconfig_files_are_merged_and_relative_paths_resolved_against_their_own_file(
+    server: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, not_in_cluster: None
+) -> None:
+    """$KUBECONFIG as a list, as the library reads it: files that do not exist are skipped,
+    the first file's entry of a name wins, a relative path is resolved against the directory
+    of the file it is in."""
+    doc = kubeconfig(server, tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "ca.crt").write_bytes(ca_pem(doc))
+    (tmp_path / "b" / "token").write_text(server.token)
+    cluster = doc["clusters"][0]["cluster"]
+    del cluster["certificate-authority-data"]
+    cluster["certificate-authority"] = "ca.crt"  # a/ca.crt
+    users = doc.pop("users")
+    users[0]["user"] = {"tokenFile": "token"}  # b/token
+    write(tmp_path / "a" / "kc", doc)
+    cert, key = client_pems()
+    data = {"client-certificate-data": cert, "client-key-data": key}
+    other = {
+        "users": [*users, {"name": "x", "user": {"token": "wrong"}}],
+        "clusters": [{"name": "test", "cluster": {"server": "https://192.0.2.1:6443"}}],
+        "contexts": [],
+    }
+    other["users"][1]["user"] |= {k: base64.b64encode(v).decode() for k, v in data.items()}
+    write(tmp_path / "b" / "kc", other)
+    paths = f"{tmp_path}/a/kc:{tmp_path}/nope:{tmp_path}/b/kc"
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", paths)
+    assert get(None) == 200
+    assert server.requests[-1][1] == "ok"
+
+
+def test_an_exec_plugin_is_given_the_cluster_as_the_kubeconfig_has_it(
+    server: ApiServer, tmp_path: Path
+) -> None:
+    """provideClusterInfo: the cluster's own fields (certificate-authority-data), not the
+    memory file ipvsproxy names to the library instead."""
+    cert, key = client_pems()
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "kind": "ExecCredential",
+        "status": {"clientCertificateData": cert.decode(), "clientKeyData": key.decode()},
+    }
+    answer = write(tmp_path / "credential.json", credential)
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f'#!/bin/sh\necho "$KUBERNETES_EXEC_INFO" >>{tmp_path}/info\ncat {answer}\n')
+    plugin.chmod(0o755)
+    exec_ = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": str(plugin),
+        "interactiveMode": "Never",
+        "provideClusterInfo": True,
+    }
+    doc = kubeconfig(server, tmp_path, exec=exec_)
+    with client(kubeconfig=write(tmp_path / "kc", doc), context=None) as api:
+        assert Path(api.configuration.key_file).read_bytes() == key
+    (info,) = (json.loads(line) for line in (tmp_path / "info").read_text().splitlines())
+    assert info["spec"]["cluster"] == doc["clusters"][0]["cluster"]
+
+
 def test_a_user_and_password_are_sent_as_basic_auth(server: ApiServer, tmp_path: Path) -> None:
     path = write(tmp_path / "kc", kubeconfig(server, tmp_path, username="admin", password="s3"))
     with client(kubeconfig=path, context=None) as api:
@@ -249,13 +335,15 @@ def test_a_user_and_password_are_sent_as_basic_auth(server: ApiServer, tmp_path:
 
 
 def test_an_exec_plugin_is_run_by_the_library(server: ApiServer, tmp_path: Path) -> None:
+    """A token it returns is the library's (which renews it); the plugin runs at most twice
+    at load: once by ipvsproxy, looking for a client certificate to keep in memory."""
     credential = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
         "kind": "ExecCredential",
         "status": {"token": server.token},
     }
     plugin = tmp_path / "plugin"
-    plugin.write_text(f"#!/bin/sh\necho '{json.dumps(credential)}'\n")
+    plugin.write_text(f"#!/bin/sh\necho run >>{tmp_path}/runs\necho '{json.dumps(credential)}'\n")
     plugin.chmod(0o755)
     exec_ = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
@@ -263,6 +351,34 @@ def test_an_exec_plugin_is_run_by_the_library(server: ApiServer, tmp_path: Path)
         "interactiveMode": "Never",
     }
     assert get(write(tmp_path / "kc", kubeconfig(server, tmp_path, exec=exec_))) == 200
+    assert 1 <= len((tmp_path / "runs").read_text().split()) <= 2
+
+
+def test_an_exec_plugins_expired_token_is_renewed_before_a_request(
+    server: ApiServer, tmp_path: Path
+) -> None:
+    """The library's refresh hook, which `Client.get` runs through `auth_settings()`."""
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "kind": "ExecCredential",
+        "status": {"token": server.token, "expirationTimestamp": "2000-01-01T00:00:00Z"},
+    }
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f"#!/bin/sh\necho run >>{tmp_path}/runs\necho '{json.dumps(credential)}'\n")
+    plugin.chmod(0o755)
+    exec_ = {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": str(plugin),
+        "interactiveMode": "Never",
+    }
+    path = write(tmp_path / "kc", kubeconfig(server, tmp_path, exec=exec_))
+    with client(kubeconfig=path, context=None) as api:
+        loaded = len((tmp_path / "runs").read_text().split())
+        for _ in range(2):
+            response = api.get("/api/v1/services", [])
+            response.read()
+            assert response.status == 200
+        assert len((tmp_path / "runs").read_text().split()) == loaded + 2
 
 
 def test_without_kubeconfig_or_cluster_the_default_kubeconfig_is_read(
@@ -426,17 +542,24 @@ def test_connections_given_up_at_the_deadline_hold_a_bounded_number_of_threads()
     release = threading.Event()
     made: list[socket.socket] = []
 
-    def slow() -> socket.socket:
-        release.wait()
-        ours, theirs = socket.socketpair()
-        theirs.close()
-        made.append(ours)
-        return ours
+    class Connection:
+        sock: socket.socket | None = None
+
+        def connect(self) -> None:
+            release.wait()
+            self.sock, theirs = socket.socketpair()
+            theirs.close()
+            made.append(self.sock)
+
+        def close(self) -> None:
+            if self.sock is not None:
+                self.sock.close()
 
     try:
         for _ in range(kubeclient._WORKERS + 2):
+            connection = Connection()
             with Deadline(0.05) as deadline, pytest.raises(TimeoutError):
-                deadline.connect(slow)
+                deadline.connect(connection.connect, connection.close)
             assert deadline.expired
         assert len(connecting()) == kubeclient._WORKERS
     finally:
@@ -444,3 +567,34 @@ def test_connections_given_up_at_the_deadline_hold_a_bounded_number_of_threads()
     eventually(lambda: not connecting(), 5)
     assert len(made) == kubeclient._WORKERS
     assert all(sock.fileno() == -1 for sock in made)  # closed: made too late
+
+
+def test_the_deadline_cuts_a_trickling_plain_http_server(not_in_cluster: None) -> None:
+    """Over http the connection is made inside the request (no TLS handshake first): its
+    socket is watched once made, and a body trickled a byte at a time ends at the deadline."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the request (small, one read)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            with contextlib.suppress(OSError):
+                for _ in range(200):  # 10 s, then the connection closes
+                    if stop.wait(0.05):
+                        break
+                    conn.sendall(b"x")
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    started = time.monotonic()
+    try:
+        with client(kubeconfig=None, context=None, master=url) as api, Deadline(0.5) as d:
+            with contextlib.suppress(urllib3.exceptions.HTTPError):
+                api.get("/api/v1/services", [], timeout=(5, 5)).read()
+            assert d.expired
+    finally:
+        stop.set()
+        listener.close()
+    assert time.monotonic() - started < 5  # the server's trickle: 10 s
