@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ipvsproxy import api, backends, manifests, nodelock
+from ipvsproxy import backends, nodelock
 from ipvsproxy.backends import (
     BACKENDS,
     IPTABLES,
@@ -45,7 +45,6 @@ from ipvsproxy.status.compute import Sampler, from_plan
 from ipvsproxy.status.document import Selector, build
 from ipvsproxy.status.endpoint import PATH as STATUS_PATH
 from ipvsproxy.status.endpoint import status_route
-from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
 from ipvsproxy.sync.slowstart import SlowStart
@@ -112,11 +111,6 @@ class DiffResult:
     def exit_code(self) -> int:
         """0 in sync, 1 changes pending (errors are exceptions: the CLI maps them to 2)."""
         return 1 if self.lines or self.repairs else 0
-
-
-def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, api.NodeView]:
-    """Parse manifests and translate them for this node (tools and tests)."""
-    return from_objects(manifests.load(paths), config)
 
 
 def changes_from(source: Source, config: Config) -> Changes:

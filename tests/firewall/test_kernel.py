@@ -9,7 +9,6 @@ from pathlib import Path
 
 from hypothesis import given, settings
 
-from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import SetCommand
@@ -29,6 +28,7 @@ from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
 from ipvsproxy.policy import Frontend
 from ipvsproxy.sync.desired import Access
+from tests.factories import desired_from_manifests
 from tests.strategies import states
 from tests.support import FakeHost, RecordingCommands, ScriptedCommands
 
