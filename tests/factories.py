@@ -1,16 +1,16 @@
 """Raw Kubernetes objects as the API serves them, for table-driven tests; their translation
 from scratch (`from_objects`, `desired_from_manifests`, `desired_state`: every Service into a
 fresh `DesiredIndex`, the oracle the incremental path is checked against; the product only
-translates incrementally, sync/index.py); the IPVS tables the tests expect (`V`, `R`, `S`, a
-web Service's endpoints on this node and the other), and the ownership of the tests' Service
-CIDRs (`OWN`).
+translates incrementally, sync/index.py); the IPVS tables the tests expect (`V`, `R`, `S`,
+`state_of`, a web Service's endpoints on this node and the other), and the ownership of the
+tests' Service CIDRs (`OWN`).
 
 integration/ and bench/ import it too."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -20,6 +20,7 @@ from ipvsproxy import api, manifests
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView, read
 from ipvsproxy.config import Config, parse_cidrs
 from ipvsproxy.model import (
+    IPAddress,
     IpvsState,
     Proto,
     RealServer,
@@ -27,7 +28,6 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
-    state_of,
 )
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.desired import Desired, node_warnings, translate_service
@@ -181,6 +181,19 @@ def parse_node(obj: Any) -> NodeView:
 
 
 # ---- expected IPVS tables ---------------------------------------------------------------------
+
+
+def state_of(
+    services: Mapping[VirtualServer, list[RealServer]] | None = None,
+    bound: frozenset[IPAddress] = frozenset(),
+) -> IpvsState:
+    """Build a state from virtual servers and their destination lists."""
+    services = services or {}
+    return IpvsState(
+        services={vs.key: vs for vs in services},
+        dests={vs.key: {rs.key: rs for rs in rss} for vs, rss in services.items()},
+        bound=bound,
+    )
 
 
 def V(addr, number=80, proto="TCP", sched="rr", flags=0, timeout=0) -> VirtualServer:
