@@ -47,7 +47,7 @@ from bench.whole_path import (  # noqa: E402
 from ipvsproxy.config import Config, parse_cidrs  # noqa: E402
 from ipvsproxy.model import IpvsState  # noqa: E402
 from ipvsproxy.saved_table import parse_save  # noqa: E402
-from ipvsproxy.sync.desired import from_objects  # noqa: E402
+from tests.factories import from_objects  # noqa: E402
 
 FOREIGN = "192.0.2.50:80"  # outside the Service CIDR, on no address of the node: not ipvsproxy's
 FOREIGN_SAVED = f"-A -t {FOREIGN} -s wlc\n-a -t {FOREIGN} -r 198.51.100.9:80 -m -w 3\n"

@@ -363,7 +363,7 @@ def decode_rows(services: int, dests: int, repeat: int) -> list[Row]:
         return lambda: [decode(payload, socket.AF_INET) for payload in codec.dumped(chunks)]
 
     with_ = median(decoding(codec.decode_dest), repeat)
-    without = median(decoding(codec.decode_dest_attributes), repeat)
+    without = median(decoding(codec._decode_dest_attributes), repeat)
     return resync_row(f"compiled run, decoding {len(messages)} dumped destinations", with_, without)
 
 

@@ -39,9 +39,9 @@ from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView  # noqa: E402
 from ipvsproxy.api import read as parse  # noqa: E402
 from ipvsproxy.config import Config  # noqa: E402
 from ipvsproxy.proxier import Proxier  # noqa: E402
-from ipvsproxy.sync.desired import desired_state  # noqa: E402
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker  # noqa: E402
 from ipvsproxy.testing import FakeKernel  # noqa: E402
+from tests.factories import desired_state  # noqa: E402
 
 CONFIG = Config(node_name="node-0", min_sync_period=1.0, sync_period=30.0)
 

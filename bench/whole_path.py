@@ -3,7 +3,7 @@
 Run inside the IPVS VM as root (scripts/bench-whole does that); prints a table. A generated
 cluster (bench/common.py `cluster()`: S Services x D endpoints, one in ten a NodePort, one
 in ten with two ports, endpoints over 5 nodes, this node `node-0` among them) is written as
-one JSON `List`; `ipvsproxy.sync.desired.from_objects` + `saved_table.render_save` give the
+one JSON `List`; `tests.factories.from_objects` + `saved_table.render_save` give the
 exact virtual and real servers ipvsproxy should program, as `ipvsadm -R` input. Every
 measurement runs in a fresh network namespace (IPVS state, ipsets and iptables are per
 namespace) and every table is checked against `ipvsadm-save -n`.
@@ -68,7 +68,7 @@ from integration.lab import inside  # noqa: E402
 from ipvsproxy.config import Config, parse_cidrs  # noqa: E402
 from ipvsproxy.model import IpvsState  # noqa: E402
 from ipvsproxy.saved_table import parse_save, render_save  # noqa: E402
-from ipvsproxy.sync.desired import from_objects  # noqa: E402
+from tests.factories import from_objects  # noqa: E402
 
 SERVICE_CIDR = "10.96.0.0/16"
 IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")

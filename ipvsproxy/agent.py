@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ipvsproxy import api, backends, manifests, nodelock, saved_table
+from ipvsproxy import backends, nodelock
 from ipvsproxy.backends import (
     BACKENDS,
     IPTABLES,
@@ -37,19 +37,18 @@ from ipvsproxy.backends import (
     remove_leftovers,
 )
 from ipvsproxy.config import Config
-from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
-from ipvsproxy.model import IPAddress, IpvsState
+from ipvsproxy.errors import IpvsproxyError, KernelError
+from ipvsproxy.model import IPAddress
 from ipvsproxy.proxier import PassPlan, PassResult, Proxier
+from ipvsproxy.saved_table import SavedTable
 from ipvsproxy.status.compute import Sampler, from_plan
 from ipvsproxy.status.document import Selector, build
 from ipvsproxy.status.endpoint import PATH as STATUS_PATH
 from ipvsproxy.status.endpoint import status_route
-from ipvsproxy.sync.desired import Desired, from_objects
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.render import Line, describe
 from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
-from ipvsproxy.testing import FakeKernel
 from ipvsproxy.traffic import TrafficReader
 
 if TYPE_CHECKING:
@@ -114,11 +113,6 @@ class DiffResult:
         return 1 if self.lines or self.repairs else 0
 
 
-def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, api.NodeView]:
-    """Parse manifests and translate them for this node (tools and tests)."""
-    return from_objects(manifests.load(paths), config)
-
-
 def changes_from(source: Source, config: Config) -> Changes:
     """One read of the source (for the API: one list of each kind), every Service in it."""
     tracker = Tracker(node_name=config.node_name)
@@ -139,14 +133,6 @@ def changes_from(source: Source, config: Config) -> Changes:
     return tracker.take(everything=True)
 
 
-def read_kernel_state(path: Path) -> IpvsState:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    return saved_table.parse_save(text)
-
-
 def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffResult:
     """The plan `run` would apply, in words; changes nothing.
 
@@ -156,9 +142,9 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
     """
     changes = changes_from(source, config)
     if kernel_state is not None:
-        proxier = _proxier(config, None)
+        proxier = _saved(config, SavedTable.read(kernel_state))
         proxier.feed(changes)
-        planned = proxier.plan(full=True, observed=read_kernel_state(kernel_state))
+        planned = proxier.plan(full=True)
         notes: tuple[str, ...] = (
             f"addresses on {config.dummy_device} are not compared: {kernel_state} is a saved "
             "ipvsadm table, which does not record them",
@@ -226,11 +212,13 @@ class LocalStatus:
 
     def document(self, selector: Selector | None) -> dict[str, Any]:
         changes = changes_from(self.source, self.config)
-        proxier = _proxier(self.config, self._backend, drain=True)
         if self.kernel_state is not None:
+            proxier = _saved(self.config, SavedTable.read(self.kernel_state))
             proxier.feed(changes)
-            planned = proxier.plan(full=True, observed=read_kernel_state(self.kernel_state))
+            planned = proxier.plan(full=True)
         else:
+            assert self._backend is not None  # opened by __enter__ without a saved table
+            proxier = _proxier(self.config, self._backend, drain=True)
             proxier.desired.refresh_host()
             planned = proxier.plan_from(changes, full=True)
         services = [svc for svc in changes.services.values() if svc is not None]
@@ -417,7 +405,7 @@ def _halter(
 
 def _proxier(
     config: Config,
-    backend: backends.Backend | None,
+    backend: backends.Backend,
     *,
     drain: bool = False,
     ramp: bool = False,
@@ -427,10 +415,7 @@ def _proxier(
     rules (the firewall), draining removed endpoints (`drain`: the agent, and `diff`, which
     shows what it would drain), ramping new endpoints' weights (`ramp`: the agent alone,
     whose later passes take the steps; `diff` and `run --once` show and write full
-    weights), this host's addresses read over rtnetlink unless given.
-    Without a backend: `diff` of a saved ipvsadm table, whose addresses are not compared."""
-    if backend is None:
-        return Proxier(kernel=FakeKernel(), config=config, manage_addresses=False)
+    weights), this host's addresses read over rtnetlink unless given."""
     return Proxier(
         kernel=backend.kernel,
         config=config,
@@ -439,6 +424,12 @@ def _proxier(
         slow_start=SlowStart() if ramp else None,
         node_addresses=node_addresses or _node_addresses(config),
     )
+
+
+def _saved(config: Config, saved: SavedTable) -> Proxier:
+    """The pass of `diff` and `status` on a saved ipvsadm table: planned against it alone,
+    its addresses not compared (the file records none)."""
+    return Proxier(kernel=saved, config=config, manage_addresses=False)
 
 
 def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:

@@ -1,7 +1,8 @@
 """The one narrow interface between sync/ and a kernel backend.
 
 Owns: `Kernel` (observe / apply), `Plan`, `ApplyReport`, `Failure`. Implementations: the
-netlink IPVS backend, the iptables fallback, and `ipvsproxy.testing.FakeKernel`.
+netlink IPVS backend, the iptables fallback, `saved_table.SavedTable` (a saved ipvsadm table,
+read-only: `diff --kernel-state`), and the tests' `ipvsproxy.testing.FakeKernel`.
 
 The agent runs watchers in threads and one sync thread (the `kubernetes` client is
 synchronous), so the interface is synchronous too.

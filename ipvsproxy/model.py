@@ -188,19 +188,6 @@ class IpvsState:
 EMPTY = IpvsState()
 
 
-def state_of(
-    services: Mapping[VirtualServer, list[RealServer]] | None = None,
-    bound: frozenset[IPAddress] = frozenset(),
-) -> IpvsState:
-    """Build a state from virtual servers and their destination lists (tests, parsers)."""
-    services = services or {}
-    return IpvsState(
-        services={vs.key: vs for vs in services},
-        dests={vs.key: {rs.key: rs for rs in rss} for vs, rss in services.items()},
-        bound=bound,
-    )
-
-
 def part_of(
     services: Mapping[VSKey, VirtualServer],
     dests: Mapping[VSKey, Dests],

@@ -1,4 +1,5 @@
-"""The text of `ipvsadm-save -n`: parse it into an `IpvsState`, and print state as it.
+"""The text of `ipvsadm-save -n`: parse it into an `IpvsState`, print state as it, and
+answer a Kernel's reads from a saved table (`SavedTable`).
 
 Owns: the ipvsadm rule syntax (`-A -t 10.96.0.10:53 -s rr -p 10800`, `-a ... -r ... -m -w 1`),
 used to read a saved kernel table (`ipvsproxy diff --kernel-state FILE`) and to show plans
@@ -8,23 +9,33 @@ Options of foreign services ipvsproxy does not model (-M netmask, --pe, --tun-*)
 accepted and not kept. Destination thresholds (-x, -y) are read and printed as `ipvsadm -R`
 takes them, although `ipvsadm-save` itself never prints them (checked on a real kernel).
 
-Imports: model, schedulers, errors.
+`SavedTable` is the kernel `diff --kernel-state` and `status --kernel-state` plan against:
+it observes the saved table and refuses every write (the product never builds its pass on
+the tests' `FakeKernel`).
+
+Imports: kernel, model, schedulers, errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from ipaddress import IPv4Address, IPv6Address, ip_address
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ipvsproxy.errors import StateParseError
+from ipvsproxy.errors import ConfigError, KernelUnavailable, NotFound, StateParseError
+from ipvsproxy.kernel import AccessMap, ApplyReport, Kernel
 from ipvsproxy.model import (
+    EMPTY,
     SCHED_FLAGS,
     Forward,
     IpvsState,
+    Op,
     Proto,
     RealServer,
     RSKey,
     ServiceFlags,
+    Traffic,
     VirtualServer,
     VSKey,
     host_port,
@@ -190,3 +201,52 @@ def _service_key(opts: list[tuple[str, str]]) -> VSKey:
     if len(keys) != 1:
         raise ValueError("expected exactly one of -t, -u, --sctp-service, -f")
     return _parse_key(*keys[0], ipv6=ipv6)
+
+
+# ---- a saved table as a kernel ----------------------------------------------------------
+
+
+class SavedTable:
+    """A read-only Kernel over a saved `ipvsadm-save -n` table: it observes the table, knows
+    no connections or counters (the file records none) and refuses every write."""
+
+    owns_table = False  # a table of the kernel's IPVS, shared as the kernel's is
+
+    def __init__(self, state: IpvsState) -> None:
+        self.state = state
+
+    @classmethod
+    def read(cls, path: Path) -> SavedTable:
+        """The table in the file; ConfigError if unreadable, StateParseError if malformed."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read: {exc}") from exc
+        return cls(parse_save(text))
+
+    def observe(self, *, access: AccessMap | None = None) -> IpvsState:
+        return self.state
+
+    def damage(self) -> tuple[str, ...]:
+        return ()
+
+    def connections(self, key: VSKey) -> Mapping[RSKey, tuple[int, int]]:
+        if key not in self.state.services:
+            raise NotFound(f"no virtual server {key}")
+        return {}
+
+    def traffic(self) -> Mapping[VSKey, Traffic]:
+        return {}
+
+    def apply(
+        self,
+        plan: Sequence[Op],
+        *,
+        names: Mapping[VSKey, str] | None = None,
+        access: AccessMap | None = None,
+    ) -> ApplyReport:
+        raise KernelUnavailable("a saved ipvsadm table is read-only")
+
+
+if TYPE_CHECKING:
+    _conforms: Kernel = SavedTable(EMPTY)

@@ -1,15 +1,26 @@
-"""Raw Kubernetes objects as the API serves them, for table-driven tests; and the IPVS tables
-the tests expect (`V`, `R`, `S`, a web Service's endpoints on this node and the other), and
-the ownership of the tests' Service CIDRs (`OWN`)."""
+"""Raw Kubernetes objects as the API serves them, for table-driven tests; their translation
+from scratch (`from_objects`, `desired_from_manifests`, `desired_state`: every Service into a
+fresh `DesiredIndex`, the oracle the incremental path is checked against; the product only
+translates incrementally, sync/index.py); the IPVS tables the tests expect (`V`, `R`, `S`,
+`state_of`, a web Service's endpoints on this node and the other), and the ownership of the
+tests' Service CIDRs (`OWN`).
+
+integration/ and bench/ import it too."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from ipaddress import ip_address, ip_network
+from pathlib import Path
 from typing import Any
 
+from ipvsproxy import api, manifests
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView, read
 from ipvsproxy.config import Config, parse_cidrs
 from ipvsproxy.model import (
+    IPAddress,
     IpvsState,
     Proto,
     RealServer,
@@ -17,10 +28,10 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
-    state_of,
 )
 from ipvsproxy.schedulers import Scheduler
-from ipvsproxy.sync.desired import Desired, from_objects
+from ipvsproxy.sync.desired import Desired, node_warnings, translate_service
+from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.ownership import Ownership
 
 
@@ -103,6 +114,46 @@ def node(name="node-a", addresses=("192.168.0.10",)):
     }
 
 
+# ---- translation from scratch -----------------------------------------------------------
+
+
+def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desired, NodeView]:
+    """Parse raw API objects and translate them for this node (`config.node_name`)."""
+    parsed = api.parse_objects(objects)
+    node = next((n for n in parsed.nodes if n.name == config.node_name), None)
+    warnings = [*parsed.warnings, *node_warnings(node, config)]
+    node = node or NodeView(config.node_name)
+    desired = desired_state(parsed.services, parsed.slices, node, config)
+    return replace(desired, warnings=(*warnings, *desired.warnings)), node
+
+
+def desired_from_manifests(paths: Sequence[Path], config: Config) -> tuple[Desired, NodeView]:
+    """Parse manifests and translate them for this node."""
+    return from_objects(manifests.load(paths), config)
+
+
+def desired_state(
+    services: Iterable[ServiceView],
+    slices: Iterable[EndpointSliceView],
+    node: NodeView,
+    config: Config,
+) -> Desired:
+    """Translate the API view into IPVS virtual and real servers for this node, from scratch.
+
+    The same path as the incremental one: every Service through `translate_service()` into a
+    fresh `DesiredIndex` (the first Service by namespace/name to claim a key wins).
+    """
+    by_service: dict[tuple[str, str], list[EndpointSliceView]] = defaultdict(list)
+    for s in slices:
+        if s.service_name:
+            by_service[(s.namespace, s.service_name)].append(s)
+    index = DesiredIndex()
+    for svc in services:
+        ref = (svc.namespace, svc.name)
+        index.update(ref, translate_service(svc, by_service.get(ref, ()), node, config))
+    return index.desired()
+
+
 def translate(*objects, node_name="node-a", **config: Any) -> Desired:
     if "nodeport_cidrs" in config:
         config["nodeport_cidrs"] = parse_cidrs(config["nodeport_cidrs"], option="test")
@@ -130,6 +181,19 @@ def parse_node(obj: Any) -> NodeView:
 
 
 # ---- expected IPVS tables ---------------------------------------------------------------------
+
+
+def state_of(
+    services: Mapping[VirtualServer, list[RealServer]] | None = None,
+    bound: frozenset[IPAddress] = frozenset(),
+) -> IpvsState:
+    """Build a state from virtual servers and their destination lists."""
+    services = services or {}
+    return IpvsState(
+        services={vs.key: vs for vs in services},
+        dests={vs.key: {rs.key: rs for rs in rss} for vs, rss in services.items()},
+        bound=bound,
+    )
 
 
 def V(addr, number=80, proto="TCP", sched="rr", flags=0, timeout=0) -> VirtualServer:

@@ -10,7 +10,7 @@ from ipvsproxy import manifests
 from ipvsproxy.config import Config
 from ipvsproxy.model import Proto
 from ipvsproxy.policy import Frontend
-from ipvsproxy.sync.desired import from_objects
+from tests.factories import from_objects
 
 
 def test_generated_cluster_translates_to_the_expected_counts(tmp_path):

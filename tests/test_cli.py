@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.cli import main
 from ipvsproxy.config import Config
 from ipvsproxy.saved_table import render_save
+from tests.factories import desired_from_manifests
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples"

@@ -10,9 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.errors import StateParseError
-from ipvsproxy.model import Forward, Proto, RealServer, RSKey, ServiceFlags, VirtualServer, VSKey
-from ipvsproxy.saved_table import parse_save, render_save
+from ipvsproxy.errors import ConfigError, KernelUnavailable, NotFound, StateParseError
+from ipvsproxy.model import (
+    DeleteService,
+    Forward,
+    Proto,
+    RealServer,
+    RSKey,
+    ServiceFlags,
+    VirtualServer,
+    VSKey,
+)
+from ipvsproxy.saved_table import SavedTable, parse_save, render_save
 from ipvsproxy.schedulers import Scheduler
 from tests.strategies import foreign_states, merge, states
 
@@ -95,3 +104,27 @@ def test_garbage_never_escapes_as_anything_but_a_parse_error(text):
 def test_errors_name_the_line(text, fragment):
     with pytest.raises(StateParseError, match=fragment):
         parse_save(text)
+
+
+def test_a_saved_table_is_a_read_only_kernel():
+    state = parse_save((DATA / "ipvsadm-save-mixed.txt").read_text())
+    kernel = SavedTable(state)
+    assert kernel.observe() == state
+    assert kernel.damage() == ()
+    assert kernel.traffic() == {}
+    udp = VSKey(ip_address("10.96.0.10"), 53, Proto.UDP)
+    assert kernel.connections(udp) == {}  # the file records no connections
+    with pytest.raises(NotFound):
+        kernel.connections(VSKey(ip_address("10.96.0.99"), 53, Proto.UDP))
+    with pytest.raises(KernelUnavailable, match="read-only"):
+        kernel.apply((DeleteService(udp),))
+    assert kernel.observe() == state
+
+
+def test_reading_a_saved_table_names_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="missing.txt: cannot read"):
+        SavedTable.read(tmp_path / "missing.txt")
+    (tmp_path / "table.txt").write_text(
+        render_save(parse_save(DATA.joinpath("ipvsadm-save-mixed.txt").read_text()))
+    )
+    assert SavedTable.read(tmp_path / "table.txt").observe().services

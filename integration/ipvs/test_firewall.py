@@ -36,8 +36,7 @@ from integration.lab import (
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.sets import wanted
-from ipvsproxy.sync.desired import from_objects
-from tests.factories import port, service
+from tests.factories import from_objects, port, service
 
 pytestmark = pytest.mark.vm
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from integration.host import kernel_missing_schedulers
-from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.errors import Unsupported
 from ipvsproxy.model import (
@@ -32,6 +31,7 @@ from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
 from tests.contract.kernel_contract import KernelContract
+from tests.factories import desired_from_manifests
 
 pytestmark = pytest.mark.vm
 

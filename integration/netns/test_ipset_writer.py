@@ -22,7 +22,8 @@ from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.iptables.kernel import Commands
-from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
+from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey
+from tests.factories import state_of
 
 pytestmark = pytest.mark.netns
 

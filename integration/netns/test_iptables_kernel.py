@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from ipvsproxy import manifests
-from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.iptables import Commands, IptablesKernel
 from ipvsproxy.iptables.rules import SERVICES, sep_chain, svc_chain
@@ -34,6 +33,7 @@ from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.plan import plan
 from tests.contract.kernel_contract import KernelContract
+from tests.factories import desired_from_manifests
 from tests.support import Synced
 
 pytestmark = pytest.mark.netns

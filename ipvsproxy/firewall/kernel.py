@@ -51,7 +51,7 @@ from ipvsproxy.firewall.nlread import SetReader
 from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.rules import FILTER_JUMPS, NAT_JUMPS, OWNED, Options, render
 from ipvsproxy.firewall.sets import SetState
-from ipvsproxy.iptables.generation import RulesetGeneration
+from ipvsproxy.iptables.generation import RulesetGeneration, SavedAt, nf_tables
 from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
@@ -159,9 +159,10 @@ class Firewall:
     # firewall with a netlink reader (the agent's, closed by close()), in the namespace the
     # tools run in (never with a `commands.prefix`).
     generation: RulesetGeneration | None = None
-    _chains: tuple[int, Mapping[tuple[int, str], Saved]] | None = field(
-        default=None, init=False, repr=False
-    )  # (generation, chains) of the last save, when the tools are iptables-nft
+    # the chains of the last save, with the generation read before it (iptables-nft only)
+    _chains: SavedAt[Mapping[tuple[int, str], Saved]] = field(
+        default_factory=SavedAt, init=False, repr=False
+    )
 
     def close(self) -> None:
         """Close the netlink sockets (reader, writer, generation), if any."""
@@ -203,18 +204,19 @@ class Firewall:
         """ipvsproxy's chains per (IP version, table): `iptables-save` per family and
         table, unless nf_tables says no rule anywhere changed since the last save."""
         generation = self.generation.current() if self.generation is not None else None
-        if generation is not None and self._chains and self._chains[0] == generation:
-            return self._chains[1]
+        return self._chains.read(generation, self._save_chains)
+
+    def _save_chains(self) -> tuple[Mapping[tuple[int, str], Saved], bool]:
+        """ipvsproxy's chains, and whether the tools are iptables-nft."""
         chains, nft = {}, True
         for version in self.versions:
             for table in TABLES:
                 text = self.commands.run([TOOLS[version][0], "-t", table])
-                nft = nft and "(nf_tables)" in text[: text.find("\n") + 1]
+                nft = nft and nf_tables(text)
                 chains[version, table] = parse_save(
                     text, table=table, owns=OWNED[table].__contains__
                 )
-        self._chains = (generation, chains) if generation is not None and nft else None
-        return chains
+        return chains, nft
 
     def observe_sets(self) -> SetState:
         """ipvsproxy's sets only: over netlink with a reader; else their names, then one

@@ -1,6 +1,8 @@
 """nf_tables' ruleset generation: has any rule of this network namespace changed since?
 
-Owns: `RulesetGeneration` (one request, NFT_MSG_GETGEN, answered with NFTA_GEN_ID).
+Owns: `RulesetGeneration` (one request, NFT_MSG_GETGEN, answered with NFTA_GEN_ID) and
+`SavedAt`, what was read from `iptables-save` kept while the generation stays (the firewall's
+chains and the fallback's saves both use it).
 
 Why: a periodic resync must notice a firewall chain changed behind ipvsproxy's back, and
 reading the chains back is four `iptables-save` processes (two families, two tables), each
@@ -13,7 +15,8 @@ could differ: equal -> nothing was committed since, the saved chains still hold.
 other agent's write (kubelet, a CNI plugin, our own restores) merely costs a real save.
 
 Only meaningful when the iptables tools are the nf_tables variant (their save output says
-`(nf_tables)`); legacy xtables tables do not move the counter, so callers check that first.
+`(nf_tables)`, `nf_tables()`); legacy xtables tables do not move the counter, so nothing
+read from their saves is kept.
 
 Imports: netlink.nlsocket (the one netlink socket), netlink.codec (framing), errors.
 """
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.netlink import codec
@@ -33,6 +37,8 @@ NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN, NFT_MSG_GETGEN = 15, 16
 NFTA_GEN_ID = 1
 _NFGEN = struct.Struct("=BBH")  # nfgenmsg: family, version, res_id (big-endian)
+
+T = TypeVar("T")
 
 
 class RulesetGeneration:
@@ -76,3 +82,28 @@ def generation_of(answers: Sequence[tuple[int, bytes]]) -> int | None:
         if found is not None and len(found) >= 4:
             return int(struct.unpack_from("!I", found)[0])
     return None
+
+
+def nf_tables(save: str) -> bool:
+    """Whether an `iptables-save` output comes from the nf_tables variant of the tools (its
+    first line says so): only then does the generation move with its rules."""
+    return "(nf_tables)" in save[: save.find("\n") + 1]
+
+
+class SavedAt(Generic[T]):
+    """What was read from `iptables-save` outputs, kept with the nf_tables generation read
+    before the saves: asked again at the same generation, nothing was committed since and
+    it still holds, so no tool runs."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[int, T] | None = None
+
+    def read(self, generation: int | None, save: Callable[[], tuple[T, bool]]) -> T:
+        """The value kept at `generation` (read before calling this), else `save()`'s.
+        `save` returns its value and whether every output it read was `nf_tables()`'s; the
+        value is kept only then, and only with a generation (None: it could not be read)."""
+        if generation is not None and self._kept is not None and self._kept[0] == generation:
+            return self._kept[1]
+        value, nft = save()
+        self._kept = (generation, value) if generation is not None and nft else None
+        return value

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
-from ipvsproxy.iptables.generation import RulesetGeneration
+from ipvsproxy.iptables.generation import RulesetGeneration, SavedAt, nf_tables
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
 from ipvsproxy.iptables.rules import FILTER_JUMPS, Ruleset, filter_ruleset, owned_filter, sanitise
 from ipvsproxy.iptables.table import Table
@@ -131,9 +131,9 @@ class IptablesKernel:
         # per family, the filter-table restore that makes IPVSPX-FORWARD and its jump right
         # ("" = they are); None until an observe() read the filter table
         self._forward: dict[int, str] | None = None
-        # (nf_tables generation, {(version, table): save text}) of the last saves, kept when
-        # the tools are iptables-nft and run in this namespace (no `commands.prefix`)
-        self._saved_at: tuple[int, dict[tuple[int, str], str]] | None = None
+        # {(version, table): save text} of the last saves, with the generation read before
+        # them, when the tools are iptables-nft and run in this namespace (no prefix)
+        self._saved_at: SavedAt[dict[tuple[int, str], str]] = SavedAt()
 
     def check(self) -> None:
         """Raise KernelUnavailable unless the IPv4 nat table can be read; IPv6 is optional."""
@@ -204,16 +204,16 @@ class IptablesKernel:
                 generation = reader.current()
             finally:
                 reader.close()
-        if generation is not None and self._saved_at and self._saved_at[0] == generation:
-            return self._saved_at[1]
+        return self._saved_at.read(generation, self._save_all)
+
+    def _save_all(self) -> tuple[dict[tuple[int, str], str], bool]:
+        """Each family's nat and filter tables, and whether the tools are iptables-nft."""
         texts = {
             (version, table): self._save(version, table)
             for table in ("nat", "filter")
             for version in self._families
         }
-        nft = all("(nf_tables)" in text[: text.find("\n") + 1] for text in texts.values())
-        self._saved_at = (generation, texts) if generation is not None and nft else None
-        return texts
+        return texts, all(nf_tables(text) for text in texts.values())
 
     def _observe_forward(self, texts: dict[tuple[int, str], str] | None = None) -> None:
         """Read each family's filter table: what IPVSPX-FORWARD and its jump need."""

@@ -480,7 +480,9 @@ _DUMPED_DEST_RUN = Run(DEST, _DUMPED_DEST, nest=COMMAND["dest"], address=16)
 
 def decode_dest(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
     """A dumped destination (a GET_DEST reply's payload) -> (RealServer, active connections,
-    inactive connections). Its address family is the service's unless it says otherwise.
+    inactive connections): the one decoding of a destination, for the table and for the
+    counters (`decode_dest_traffic`). Its address family is the service's unless it says
+    otherwise.
 
     An idle resync decodes every destination of the table (100,000 at 10,000 Services x 10,
     every sync period): laid out as the kernel writes them, in one struct (`Run.unpack`),
@@ -491,14 +493,15 @@ def decode_dest(payload: memoryview, service_af: int) -> tuple[RealServer, int, 
         addr, port, fwd, weight, _, _, _, upper, lower, active, inactive, _, af = run
         key = RSKey(_address(af, addr), port)
         return RealServer(key, weight, Forward(fwd & FWD_MASK), upper, lower), active, inactive
-    return decode_dest_attributes(payload, service_af)
+    return _decode_dest_attributes(payload, service_af)
 
 
-def decode_dest_attributes(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
+def _decode_dest_attributes(payload: memoryview, service_af: int) -> tuple[RealServer, int, int]:
     """`decode_dest` one attribute at a time: for any order and any kernel."""
     a = _dest(payload)
+    key = RSKey(_address(a.get("addr_family", service_af), a["addr"]), a["port"])
     rs = RealServer(
-        _dest_key(a, service_af),
+        key,
         weight=a["weight"],
         forward=Forward(a["fwd_method"] & FWD_MASK),
         upper_threshold=a["u_thresh"],
@@ -508,10 +511,10 @@ def decode_dest_attributes(payload: memoryview, service_af: int) -> tuple[RealSe
 
 
 def decode_dest_traffic(payload: memoryview, service_af: int) -> tuple[RSKey, DestTraffic]:
-    """A dumped destination's key, connection counts and counters."""
-    a = _dest(payload)
-    traffic = DestTraffic(a.get("active_conns", 0), a.get("inact_conns", 0), counters(a))
-    return _dest_key(a, service_af), traffic
+    """A dumped destination's key, connection counts (`decode_dest`) and counters."""
+    rs, active, inactive = decode_dest(payload, service_af)
+    stats = attrs(_dest_nest(payload)).get(DEST["stats64"].kind)  # what decode_dest leaves
+    return rs.key, DestTraffic(active, inactive, counters(stats))
 
 
 def decode_service_traffic(payload: memoryview) -> tuple[VSKey, Counters] | None:
@@ -520,13 +523,12 @@ def decode_service_traffic(payload: memoryview) -> tuple[VSKey, Counters] | None
     if vs is None:
         return None
     nested = unpack(COMMAND, payload[_GENLHDR.size :])["service"]
-    return vs.key, counters(unpack(SERVICE, nested))
+    return vs.key, counters(unpack(SERVICE, nested).get("stats64"))
 
 
-def counters(attrs: Mapping[str, Any]) -> Counters:
-    """The STATS64 nest of a decoded service or destination (all zero without one: kernels
-    before 4.0 send only the 32-bit STATS nest, whose counters wrap)."""
-    nest = attrs.get("stats64")
+def counters(nest: memoryview | None) -> Counters:
+    """The STATS64 nest of a service or destination (all zero without one: kernels before
+    4.0 send only the 32-bit STATS nest, whose counters wrap)."""
     if nest is None:
         return Counters()
     s = unpack(STATS64, nest)
@@ -536,12 +538,12 @@ def counters(attrs: Mapping[str, Any]) -> Counters:
     )  # fmt: skip
 
 
+def _dest_nest(payload: memoryview) -> memoryview:
+    return unpack(COMMAND, payload[_GENLHDR.size :])["dest"]  # type: ignore[no-any-return]
+
+
 def _dest(payload: memoryview) -> dict[str, Any]:
-    return unpack(DEST, unpack(COMMAND, payload[_GENLHDR.size :])["dest"])
-
-
-def _dest_key(a: Mapping[str, Any], service_af: int) -> RSKey:
-    return RSKey(_address(a.get("addr_family", service_af), a["addr"]), a["port"])
+    return unpack(DEST, _dest_nest(payload))
 
 
 def family_af(key: VSKey) -> int:

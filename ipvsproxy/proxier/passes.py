@@ -111,11 +111,10 @@ class Proxier:
         if self.desired.feed(changes):
             self._ownership = None
 
-    def plan(self, *, full: bool, observed: IpvsState | None = None) -> PassPlan:
-        """What one pass would change; `observed` replaces a full observation of the IPVS
-        table (diff of a saved table). A partial pass before any full one is a full one."""
-        if full or not self.ipvs.observed_once or observed is not None:
-            return self._plan_full(observed)
+    def plan(self, *, full: bool) -> PassPlan:
+        """What one pass would change. A partial pass before any full one is a full one."""
+        if full or not self.ipvs.observed_once:
+            return self._plan_full()
         return self._plan_partial()
 
     def plan_from(self, changes: Changes, *, full: bool) -> PassPlan:
@@ -127,12 +126,11 @@ class Proxier:
         """One pass: `plan_from()` the changes, then `apply()` the plan."""
         return self.apply(self.plan_from(changes, full=full))
 
-    def _plan_full(self, observed: IpvsState | None) -> PassPlan:
-        """Everything against the kernel as observed now (or `observed`, a saved table)."""
+    def _plan_full(self) -> PassPlan:
+        """Everything against the kernel as observed now."""
         desired = self.index.desired()
-        repairs: tuple[str, ...] = ()
-        if observed is None:
-            observed, repairs = self.kernel.observe(access=desired.access), self.kernel.damage()
+        observed = self.kernel.observe(access=desired.access)
+        repairs = self.kernel.damage()
         step, seen, error = self.firewall_step, None, ""
         if step is not None and self.node is not None:
             seen, error = step.observe()

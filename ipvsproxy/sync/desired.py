@@ -19,11 +19,9 @@ Imports: api, model, schedulers, config, sync.slowstart (its annotation and weig
 from __future__ import annotations
 
 import enum
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from ipvsproxy import api
 from ipvsproxy.api import (
     PROXY_NAME_LABEL,
     EndpointSliceView,
@@ -178,16 +176,6 @@ class Explanation:
     ports: tuple[PortExplanation, ...] = ()
 
 
-def from_objects(objects: Iterable[api.RawObject], config: Config) -> tuple[Desired, NodeView]:
-    """Parse raw API objects and translate them for this node (`config.node_name`)."""
-    parsed = api.parse_objects(objects)
-    node = next((n for n in parsed.nodes if n.name == config.node_name), None)
-    warnings = [*parsed.warnings, *node_warnings(node, config)]
-    node = node or NodeView(config.node_name)
-    desired = desired_state(parsed.services, parsed.slices, node, config)
-    return replace(desired, warnings=(*warnings, *desired.warnings)), node
-
-
 def node_warnings(node: NodeView | None, config: Config) -> tuple[str, ...]:
     if node is not None:
         return ()
@@ -195,30 +183,6 @@ def node_warnings(node: NodeView | None, config: Config) -> tuple[str, ...]:
         f"Node {config.node_name!r} is not in the input: no NodePort virtual servers "
         "(set --hostname-override to the node's name)",
     )
-
-
-def desired_state(
-    services: Iterable[ServiceView],
-    slices: Iterable[EndpointSliceView],
-    node: NodeView,
-    config: Config,
-) -> Desired:
-    """Translate the API view into IPVS virtual and real servers for this node.
-
-    The same path as the incremental one: every Service through `translate_service()` into a
-    `DesiredIndex` (the first Service by namespace/name to claim a key wins).
-    """
-    from ipvsproxy.sync.index import DesiredIndex
-
-    by_service: dict[tuple[str, str], list[EndpointSliceView]] = defaultdict(list)
-    for s in slices:
-        if s.service_name:
-            by_service[(s.namespace, s.service_name)].append(s)
-    index = DesiredIndex()
-    for svc in services:
-        ref = (svc.namespace, svc.name)
-        index.update(ref, translate_service(svc, by_service.get(ref, ()), node, config))
-    return index.desired()
 
 
 def translate_service(

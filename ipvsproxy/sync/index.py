@@ -7,8 +7,9 @@ wins, as in a from-scratch translation), the winning entries as the desired IPVS
 addresses to bind, and this node's endpoint addresses. `state_for(keys, addresses)` is the
 desired state restricted to what a partial sync looks at; `desired()` the whole of it.
 
-`desired_state()` (desired.py) builds a fresh index from every Service, so the full and the
-incremental path share this code; a property test proves them equal over random sequences.
+The tests' translation from scratch (`desired_state()`, tests/factories.py) feeds a fresh
+index every Service, so it shares this code with the incremental path; a property test
+proves the two equal over random sequences.
 
 Imports: sync.desired (types), model.
 """

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.errors import AlreadyExists, NotFound, Unsupported
 from ipvsproxy.kernel import Kernel
@@ -37,6 +36,7 @@ from ipvsproxy.model import (
 from ipvsproxy.schedulers import Scheduler, allowed_flags
 from ipvsproxy.sync.ownership import ownership_for
 from ipvsproxy.sync.plan import plan
+from tests.factories import desired_from_manifests
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
 KEY = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)

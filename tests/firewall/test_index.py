@@ -25,10 +25,10 @@ from ipvsproxy.model import (
     RSKey,
     VirtualServer,
     VSKey,
-    state_of,
 )
 from ipvsproxy.policy import Frontend
 from ipvsproxy.sync.desired import Access
+from tests.factories import state_of
 from tests.support import FakeHost
 
 LOOP_BACK = "IPVSPROXY-LOOP-BACK"

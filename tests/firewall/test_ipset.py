@@ -21,8 +21,8 @@ from ipvsproxy.model import (
     Proto,
     VirtualServer,
     VSKey,
-    state_of,
 )
+from tests.factories import state_of
 
 LOOP_BACK = "IPVSPROXY-LOOP-BACK"
 

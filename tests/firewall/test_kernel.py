@@ -9,7 +9,6 @@ from pathlib import Path
 
 from hypothesis import given, settings
 
-from ipvsproxy.agent import desired_from_manifests
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import SetCommand
@@ -26,9 +25,10 @@ from ipvsproxy.firewall.kernel import (
 from ipvsproxy.firewall.rules import LocalMode, Options, render
 from ipvsproxy.firewall.sets import SetState, all_sets, entries_for, wanted
 from ipvsproxy.iptables.parse import Saved
-from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey, state_of
+from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey
 from ipvsproxy.policy import Frontend
 from ipvsproxy.sync.desired import Access
+from tests.factories import desired_from_manifests, state_of
 from tests.strategies import states
 from tests.support import FakeHost, RecordingCommands, ScriptedCommands
 

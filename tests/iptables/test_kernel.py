@@ -24,10 +24,10 @@ from ipvsproxy.model import (
     UpdateDest,
     VirtualServer,
     VSKey,
-    state_of,
 )
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
+from tests.factories import state_of
 from tests.strategies import states
 from tests.support import FakeIptables
 

@@ -35,10 +35,10 @@ from ipvsproxy.model import (
     ServiceFlags,
     VirtualServer,
     VSKey,
-    state_of,
 )
 from ipvsproxy.policy import NodePolicy
 from ipvsproxy.schedulers import Scheduler
+from tests.factories import state_of
 from tests.strategies import states
 
 KEY = VSKey(ip_address("10.96.0.10"), 80, Proto.TCP)

@@ -284,7 +284,7 @@ def test_a_destination_as_the_kernel_dumps_it_decodes_in_one_run(version, data, 
     (payload,) = codec.dumped([kernel_dest(rs, active=counts[0], inactive=counts[1], flags=flags)])
     assert codec._DUMPED_DEST_RUN.unpack(payload, 4) is not None
     assert codec.decode_dest(payload, af) == (rs, *counts)
-    assert codec.decode_dest_attributes(payload, af) == (rs, *counts)
+    assert codec._decode_dest_attributes(payload, af) == (rs, *counts)
 
 
 def test_a_destination_in_another_layout_is_decoded_attribute_by_attribute():

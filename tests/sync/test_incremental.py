@@ -19,11 +19,10 @@ from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
 from ipvsproxy.config import Config
 from ipvsproxy.model import DeleteService, IpvsState
 from ipvsproxy.proxier import Proxier
-from ipvsproxy.sync.desired import desired_state
 from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import node, parse_node, parse_service
+from tests.factories import desired_state, node, parse_node, parse_service
 from tests.strategies import NAMES, nodes, services, slices
 
 CONFIG = Config(node_name="node-a", min_sync_period=0.0)

@@ -23,11 +23,10 @@ from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.model import DeleteService, IpvsState
 from ipvsproxy.proxier import Proxier
-from ipvsproxy.sync.desired import desired_state
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
-from tests.factories import node, parse_node
+from tests.factories import desired_state, node, parse_node
 from tests.strategies import nodes, services, slices
 from tests.support import FakeHost
 

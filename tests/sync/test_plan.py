@@ -22,13 +22,12 @@ from ipvsproxy.model import (
     UpdateService,
     VirtualServer,
     VSKey,
-    state_of,
 )
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.ownership import Ownership
 from ipvsproxy.sync.plan import plan
 from ipvsproxy.testing import FakeKernel
-from tests.factories import OWN
+from tests.factories import OWN, state_of
 from tests.strategies import foreign_states, merge, restrict, states
 
 
