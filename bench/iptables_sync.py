@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import fresh_netns, table  # noqa: E402
 from integration.lab import inside  # noqa: E402
-from ipvsproxy.iptables import Commands, IptablesKernel  # noqa: E402
+from ipvsproxy.host.commands import Commands  # noqa: E402
+from ipvsproxy.iptables import IptablesKernel  # noqa: E402
 from ipvsproxy.iptables.parse import Saved  # noqa: E402
 from ipvsproxy.iptables.rules import render  # noqa: E402
 from ipvsproxy.iptables.transaction import transaction  # noqa: E402

@@ -35,9 +35,9 @@ from typing import Any
 from integration.host import clean_ipvs, skip_unless_ci
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.kernel import Firewall
-from ipvsproxy.firewall.nlread import SetReader
-from ipvsproxy.firewall.nlwrite import SetWriter
-from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.firewall.set_reader import SetReader
+from ipvsproxy.firewall.set_writer import SetWriter
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.netlink import NetlinkKernel
 from ipvsproxy.proxier import PassResult, Proxier
 from tests.factories import ep, node, port, service, slice_
@@ -491,7 +491,7 @@ def require_sctp() -> None:
 def ipvs_lab(backends: int, **options: Any) -> Iterator[Lab]:
     """A lab (integration.lab.built) on an empty IPVS table, with the sysctls ipvsproxy sets
     for this kernel; the table emptied again afterwards."""
-    from ipvsproxy.netlink import sysctl
+    from ipvsproxy.host import sysctl
 
     clean_ipvs()
     sysctl.ensure(sysctl.required(os.uname().release))

@@ -16,9 +16,9 @@ import pytest
 from integration.lab import PORT, Lab, built, inside
 from integration.services import CONFIG, NODE_IP
 from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
-from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.host import sysctl as sysctls
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.netlink import NetlinkKernel
-from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.proxier import Proxier
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced

@@ -27,8 +27,8 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.kube_proxy import NodePort, adopted
-from ipvsproxy.firewall.nlread import SetReader
-from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.firewall.set_reader import SetReader
+from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import recorded
 from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
@@ -238,7 +238,7 @@ def prepare_node(config: Config, *, ipvs: bool | None, load_modules: bool = Fals
     the IPVS modules are loaded first: the DaemonSet's init container does this with
     privileges the agent itself need not have. A conntrack setting that cannot be written
     is a warning, not a failure (see conntrack_settings)."""
-    from ipvsproxy.netlink import conntrack_settings, sysctl
+    from ipvsproxy.host import conntrack_settings, sysctl
 
     changed = _load_modules(config) if load_modules else []
     if ipvs is None:

@@ -39,7 +39,8 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import destroy_commands, render_script
 from ipvsproxy.firewall.kube_proxy import NodePort, ipv6_set_name, node_ports
-from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
+from ipvsproxy.host.commands import Commands
+from ipvsproxy.iptables.kernel import TOOLS, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal
 

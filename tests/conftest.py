@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ipvsproxy.errors import KernelUnavailable
-from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.host.commands import Commands
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from typing import Any
 from ipvsproxy.agent_loop import AgentLoop
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.iptables import Commands
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.parse import target
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.netlink import codec

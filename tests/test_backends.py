@@ -15,7 +15,7 @@ from ipvsproxy.backends import FirewallUnavailable, _firewall
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.kernel import Firewall
-from ipvsproxy.iptables import Commands
+from ipvsproxy.host.commands import Commands
 
 
 class Socket:

@@ -13,6 +13,7 @@ import pytest
 from integration.host import kernel_missing_schedulers
 from ipvsproxy.config import Config
 from ipvsproxy.errors import Unsupported
+from ipvsproxy.host import sysctl as sysctls
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -24,7 +25,6 @@ from ipvsproxy.model import (
     VSKey,
 )
 from ipvsproxy.netlink import NetlinkKernel, probe
-from ipvsproxy.netlink import sysctl as sysctls
 from ipvsproxy.netlink.genl import GenlSocket
 from ipvsproxy.saved_table import parse_save
 from ipvsproxy.schedulers import Scheduler

@@ -22,7 +22,8 @@ import pytest
 
 from integration.lab import PORT, Lab, alive, built, connect, inside, request
 from ipvsproxy.config import Config
-from ipvsproxy.iptables import Commands, IptablesKernel
+from ipvsproxy.host.commands import Commands
+from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.iptables.kernel import restore_argv
 from ipvsproxy.iptables.parse import parse_save
 from ipvsproxy.iptables.rules import FILTER_JUMPS, FORWARD, filter_ruleset, owned_filter

@@ -13,8 +13,8 @@ from integration.lab import inside
 from ipvsproxy.firewall.kernel import Firewall, Observed, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import wanted
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration
-from ipvsproxy.iptables.kernel import Commands
 from ipvsproxy.model import IpvsState
 
 pytestmark = pytest.mark.netns
@@ -88,16 +88,16 @@ def test_an_idle_observation_saves_nothing_and_drift_is_still_seen(netns: str) -
 def test_sets_are_decoded_again_only_when_their_dump_changed(
     netns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ipvsproxy.firewall import nlread
+    from ipvsproxy.firewall import set_reader
 
     decoded: list[bytes] = []
-    real = nlread.decode_entry
+    real = set_reader.decode_entry
 
     def counting(data: bytes) -> str:
         decoded.append(data)
         return real(data)
 
-    monkeypatch.setattr(nlread, "decode_entry", counting)
+    monkeypatch.setattr(set_reader, "decode_entry", counting)
     name = "IPVSPROXY-CLUSTER-IP"  # one of ipvsproxy's names: only those are read
     in_ns(netns, "ipset", "create", name, "hash:ip,port")
     script = "".join(f"add {name} 10.0.0.{port % 7},tcp:{port}\n" for port in range(100))
@@ -105,7 +105,7 @@ def test_sets_are_decoded_again_only_when_their_dump_changed(
         ["ip", "netns", "exec", netns, "ipset", "restore"], input=script, text=True, check=True
     )
     with inside(netns):
-        reader = nlread.SetReader()
+        reader = set_reader.SetReader()
     try:
         first = reader.observe().sets[name][2]
         assert len(first) == 100

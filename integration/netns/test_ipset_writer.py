@@ -18,10 +18,10 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.index import SetIndex
 from ipvsproxy.firewall.ipset import SetChange, SetCommand, ipset_script, set_commands
 from ipvsproxy.firewall.kernel import Firewall, plan_firewall
-from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.rules import Options
+from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import wanted
-from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey
 from tests.factories import state_of
 

@@ -15,7 +15,8 @@ import pytest
 
 from ipvsproxy import manifests
 from ipvsproxy.config import Config
-from ipvsproxy.iptables import Commands, IptablesKernel
+from ipvsproxy.host.commands import Commands
+from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.iptables.rules import SERVICES, sep_chain, svc_chain
 from ipvsproxy.model import (
     AddDest,

@@ -17,7 +17,7 @@ from integration.lab import IPVSPROXY
 from ipvsproxy.firewall.kernel import Firewall, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import wanted
-from ipvsproxy.iptables import Commands
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.model import IpvsState
 from tests.factories import ep, node, service, slice_
 

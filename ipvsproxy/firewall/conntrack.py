@@ -28,7 +28,7 @@ import logging
 from collections.abc import Container, Iterable
 
 from ipvsproxy.errors import KernelError
-from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.model import (
     DEST_WRITES,
     DeleteDest,

@@ -18,7 +18,7 @@ are written; a set with many changes is rebuilt as a temporary set and swapped i
 atomically, so no packet ever sees it half-filled. `cleanup` removes the rules before the
 sets they reference.
 
-Imports: firewall.sets, firewall.ipset, firewall.nlread, firewall.nlwrite,
+Imports: firewall.sets, firewall.ipset, firewall.set_reader, firewall.set_writer,
 firewall.rules, iptables (its parser, transaction and Commands), errors, the
 standard library.
 """
@@ -47,12 +47,13 @@ from ipvsproxy.firewall.ipset import (
     set_commands,
     too_small,
 )
-from ipvsproxy.firewall.nlread import SetReader
-from ipvsproxy.firewall.nlwrite import SetWriter
 from ipvsproxy.firewall.rules import FILTER_JUMPS, NAT_JUMPS, OWNED, Options, render
+from ipvsproxy.firewall.set_reader import SetReader
+from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import SetState
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration, SavedAt, nf_tables
-from ipvsproxy.iptables.kernel import TOOLS, Commands, restore
+from ipvsproxy.iptables.kernel import TOOLS, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
 from ipvsproxy.iptables.transaction import removal, transaction
 
@@ -151,7 +152,7 @@ class Firewall:
     # work in): no process, no per-entry /etc/protocols read by the ipset tool
     reader: SetReader | None = None
     # writes the sets over netlink instead of `ipset restore` (the same commands, see
-    # nlwrite.py): the tool parses each entry with libc lookups that read files
+    # set_writer.py): the tool parses each entry with libc lookups that read files
     writer: SetWriter | None = None
     # nf_tables' generation id, read before each save of the chains: unchanged since the
     # last save (and the tools are iptables-nft) -> the chains saved then still hold, and a

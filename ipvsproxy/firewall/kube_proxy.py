@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from ipaddress import ip_address
 
 from ipvsproxy.errors import KernelError
-from ipvsproxy.iptables.kernel import Commands
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.model import IPAddress, Proto, VSKey
 
 _BY_PROTOCOL = {

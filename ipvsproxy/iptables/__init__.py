@@ -3,6 +3,6 @@
 Imports: iptables.*, kernel, model, policy, schedulers, errors.
 """
 
-from ipvsproxy.iptables.kernel import Commands, IptablesKernel
+from ipvsproxy.iptables.kernel import IptablesKernel
 
-__all__ = ["Commands", "IptablesKernel"]
+__all__ = ["IptablesKernel"]

@@ -1,16 +1,16 @@
 """The iptables fallback backend: the `Kernel` interface over `iptables-save`/`-restore`.
 
-Owns: `IptablesKernel` and `Commands` (how the iptables tools are run; a prefix such as
-`ip netns exec NS` runs them in another network namespace). `observe()` (the periodic full
-resync) reads the nat table of each family with `iptables-save`, decodes ipvsproxy's
-chains only and checks them for damage; `apply()` works from what it last wrote or read
-(a `Table`), with no `iptables-save`: it checks each operation with the same kernel
-semantics as every backend (`model.transition`), re-renders only the virtual servers the
-plan touched, and writes only the chains that differ in one `iptables-restore --noflush`
-transaction per family that has any: atomic, so when the tool refuses it, every operation
-of that family fails together (and the next apply reads the tables again). A damaged chain
-(a rule deleted or added behind our back) is found by the next observe() and rewritten by
-the apply after it, even an empty one (see `damage()`).
+Owns: `IptablesKernel`, and how the iptables tools are run (`restore`; host.commands' `Commands`
+with a prefix such as `ip netns exec NS` runs them in another network namespace). `observe()`
+(the periodic full resync) reads the nat table of each family with `iptables-save`, decodes
+ipvsproxy's chains only and checks them for damage; `apply()` works from what it last wrote or
+read (a `Table`), with no `iptables-save`: it checks each operation with the same kernel
+semantics as every backend (`model.transition`), re-renders only the virtual servers the plan
+touched, and writes only the chains that differ in one `iptables-restore --noflush` transaction
+per family that has any: atomic, so when the tool refuses it, every operation of that family
+fails together (and the next apply reads the tables again). A damaged chain (a rule deleted or
+added behind our back) is found by the next observe() and rewritten by the apply after it, even
+an empty one (see `damage()`).
 
 There are no connection counters here: `connections()` says every destination is idle, so
 a removed endpoint goes at once (conntrack keeps established connections flowing to it).
@@ -21,11 +21,10 @@ Imports: iptables.*, kernel, model, policy, schedulers, errors, the standard lib
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration, SavedAt, nf_tables
 from ipvsproxy.iptables.parse import Saved, parse_save, read_state
 from ipvsproxy.iptables.rules import FILTER_JUMPS, Ruleset, filter_ruleset, owned_filter, sanitise
@@ -82,29 +81,6 @@ def restore(commands: Commands, version: int, payload: str) -> None:
         raise
     except KernelError as exc:
         raise RestoreFailed(str(exc), version=version) from exc
-
-
-@dataclass(frozen=True, slots=True)
-class Commands:
-    """Runs the iptables tools, optionally behind a prefix (`ip netns exec NS`)."""
-
-    prefix: tuple[str, ...] = ()
-    timeout: float = 60.0
-
-    def run(self, args: Sequence[str], *, stdin: str | None = None) -> str:
-        argv = [*self.prefix, *args]
-        try:
-            done = subprocess.run(
-                argv, input=stdin, capture_output=True, text=True, timeout=self.timeout
-            )
-        except FileNotFoundError as exc:
-            raise KernelUnavailable(f"{argv[0]} not found: install iptables") from exc
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise KernelError(f"{args[0]}: {exc}") from exc
-        if done.returncode:
-            detail = done.stderr.strip().replace("\n", "; ") or f"exit status {done.returncode}"
-            raise KernelError(f"{args[0]} failed: {detail}")
-        return done.stdout
 
 
 class IptablesKernel:

@@ -18,8 +18,8 @@ import pytest
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.firewall.ipset import SetCommand
-from ipvsproxy.firewall.nlread import SetReader
-from ipvsproxy.firewall.nlwrite import SetWriter
+from ipvsproxy.firewall.set_reader import SetReader
+from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.model import (
     AddService,
     BindAddress,
@@ -293,7 +293,7 @@ def test_a_netlink_kernel_that_was_built_closes_what_it_opened(monkeypatch, open
 @pytest.fixture
 def ipset_socket(monkeypatch: pytest.MonkeyPatch) -> Callable[[BrokenSocket], None]:
     def use(sock: BrokenSocket) -> None:
-        monkeypatch.setattr(socket, "socket", lambda *_: sock)  # as nlread.py opens it
+        monkeypatch.setattr(socket, "socket", lambda *_: sock)  # as set_reader.py opens it
 
     return use
 

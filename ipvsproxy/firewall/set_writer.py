@@ -18,7 +18,7 @@ set revision is the kernel's newest (IPSET_CMD_TYPE), at most the newest the ips
 Order: what was sent before a SWAP is acknowledged before the SWAP is sent, and nothing is
 sent after an error: a temporary set only filled in part is never swapped in.
 
-Imports: firewall.ipset, firewall.nlread, errors, the standard library.
+Imports: firewall.ipset, firewall.set_reader, errors, the standard library.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import PROTOCOL_NUMBERS, SetCommand
-from ipvsproxy.firewall.nlread import (
+from ipvsproxy.firewall.set_reader import (
     ATTR_ADT,
     ATTR_CIDR,
     ATTR_CIDR2,

@@ -1,4 +1,4 @@
-"""Sets read over netlink (firewall/nlread.py): entries decoded as `ipset save` prints them."""
+"""Sets read over netlink (firewall/set_reader.py): entries decoded as `ipset save` prints them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ NESTED, NET = 0x8000, 0x4000
 
 def test_entries_decoded_as_ipset_save_prints_them():
     """Attributes as the 6.18 kernel dumped them (captured from a throw-away netns)."""
-    from ipvsproxy.firewall.nlread import decode_entry
+    from ipvsproxy.firewall.set_reader import decode_entry
 
     def ip(hexa: str, family: int = 1) -> bytes:
         return nla(family, bytes.fromhex(hexa))

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import SetChange, SetCommand, set_commands
 from ipvsproxy.firewall.kernel import Firewall, FirewallPlan
-from ipvsproxy.firewall.nlread import _attrs
-from ipvsproxy.firewall.nlwrite import ADT_BYTES, SetWriter, encode_entry
+from ipvsproxy.firewall.set_reader import _attrs
+from ipvsproxy.firewall.set_writer import ADT_BYTES, SetWriter, encode_entry
 
 HEADER = struct.Struct("=IHHII")
 CREATE, DESTROY, SWAP, ADD, DEL, TYPE = 2, 3, 6, 9, 10, 13
@@ -222,7 +222,7 @@ V4 = st.ip_addresses(v=4).map(str)
 @given(V4, st.sampled_from(["tcp", "udp", "sctp"]), st.integers(0, 65535), st.none() | V4)
 def test_an_entry_decodes_back_to_its_text(address, proto, port, second):
     """What the writer encodes, the reader decodes to the same `ipset save` text."""
-    from ipvsproxy.firewall.nlread import decode_entry
+    from ipvsproxy.firewall.set_reader import decode_entry
 
     text = f"{address},{proto}:{port}" + (f",{second}" if second is not None else "")
     assert decode_entry(encode_entry(text)) == text

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ipvsproxy.config import Config
-from ipvsproxy.netlink.conntrack_settings import (
+from ipvsproxy.host.conntrack_settings import (
     HASHSIZE,
     MAX,
     MAX_LIMIT,

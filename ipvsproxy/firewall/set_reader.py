@@ -12,7 +12,7 @@ Protocol (include/uapi/linux/netfilter/ipset/ip_set.h): NFNL_SUBSYS_IPSET, IPSET
 with IPSET_ATTR_PROTOCOL 7; IPSET_FLAG_LIST_SETNAME lists names only.
 
 `IpsetSocket` (ipset requests over the one netlink socket, netlink/nlsocket.py) is shared
-with nlwrite.SetWriter.
+with set_writer.SetWriter.
 
 Imports: firewall.sets, netlink (the socket and its framing), errors, the standard library.
 """
@@ -97,7 +97,7 @@ def decode_entry(data: bytes) -> str:
 
 class IpsetSocket:
     """ipset requests over the one netlink socket (netfilter netlink), in the network
-    namespace it was made in; SetReader and SetWriter (nlwrite.py) share it."""
+    namespace it was made in; SetReader and SetWriter (set_writer.py) share it."""
 
     def __init__(self) -> None:
         # echo: the kernel names a refused entry in the request it sends back
