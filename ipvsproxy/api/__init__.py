@@ -12,6 +12,7 @@ Imports: model, msgspec, the standard library. Never the Kubernetes client: raw 
 from ipvsproxy.api.validate import NODE, SERVICE, SLICE, describe, key_of, parse_objects, read
 from ipvsproxy.api.views import (
     DEFAULT_AFFINITY_TIMEOUT,
+    HEADLESS_LABEL,
     KEPT_META_PREFIXES,
     MAX_AFFINITY_TIMEOUT,
     PROXY_NAME_LABEL,
@@ -38,6 +39,7 @@ __all__ = [
     "KEPT_META_PREFIXES",
     "MAX_AFFINITY_TIMEOUT",
     "NODE",
+    "HEADLESS_LABEL",
     "PROXY_NAME_LABEL",
     "SERVICE",
     "SERVICE_NAME_LABEL",

@@ -14,6 +14,7 @@ from ipvsproxy.api import schema
 from ipvsproxy.api.services import names
 from ipvsproxy.api.values import Malformed, bad, ip, missing, name, port, proto
 from ipvsproxy.api.views import (
+    NOT_PROXIED_LABELS,
     SERVICE_NAME_LABEL,
     EndpointPortView,
     EndpointSliceView,
@@ -31,6 +32,10 @@ def slice_view(raw: schema.EndpointSlice) -> EndpointSliceView:
     if address_type is None or version is None:
         raise bad("addressType", address_type, "is not IPv4, IPv6 or FQDN")
     service_name = meta.labels.get(SERVICE_NAME_LABEL, "") if meta.labels else ""
+    if meta.labels and any(label in meta.labels for label in NOT_PROXIED_LABELS):
+        # not selected by kube-proxy's informers (api/views.py NOT_PROXIED_LABELS): the slice
+        # belongs to no Service here, so a label added takes it from its Service as a deletion
+        service_name = ""
     if not version:  # an FQDN slice: its endpoints are no IP addresses, and not read
         return EndpointSliceView(namespace, slice_name, service_name, address_type)
     ports = []

@@ -34,6 +34,13 @@ Ref = tuple[str, str]  # (namespace, name) of an object; namespace "" for cluste
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+# set by the endpoint controllers on the slices of a headless Service (v1.IsHeadlessService)
+HEADLESS_LABEL = "service.kubernetes.io/headless"
+# kube-proxy lists and watches Services and EndpointSlices with the label selector
+# `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`
+# (cmd/kube-proxy/app/server.go): an object carrying either is not there for a proxy, and a
+# label added is, to its watch, a deletion
+NOT_PROXIED_LABELS = (PROXY_NAME_LABEL, HEADLESS_LABEL)
 ZONE_LABEL = "topology.kubernetes.io/zone"  # a Node's zone, matched by endpoints' zone hints
 # EndpointSlice annotation set by the endpoint controllers: when the change that produced this
 # slice happened (for kubeproxy_network_programming_duration_seconds).

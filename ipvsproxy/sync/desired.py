@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ipvsproxy.api import (
+    HEADLESS_LABEL,
     PROXY_NAME_LABEL,
     EndpointSliceView,
     EndpointView,
@@ -84,7 +85,7 @@ class Skipped(enum.StrEnum):
     """Why a whole Service gets no virtual server from ipvsproxy."""
 
     EXTERNAL_NAME = "ExternalName"
-    HEADLESS = "Headless"  # clusterIP: None
+    HEADLESS = "Headless"  # clusterIP: None, or labelled service.kubernetes.io/headless
     OTHER_PROXY = "OtherProxy"  # labelled service.kubernetes.io/service-proxy-name
 
 
@@ -214,7 +215,7 @@ def skipped(svc: ServiceView) -> Skipped | None:
     """Why a Service gets no virtual server at all (None: it gets some)."""
     if svc.type is ServiceType.EXTERNAL_NAME:
         return Skipped.EXTERNAL_NAME
-    if svc.headless:
+    if svc.headless or HEADLESS_LABEL in svc.labels:
         return Skipped.HEADLESS
     if PROXY_NAME_LABEL in svc.labels:
         return Skipped.OTHER_PROXY
