@@ -16,6 +16,12 @@ import pytest
 
 from ipvsproxy.schedulers import Scheduler
 
+# How long a step of a real-kernel test may take before the test calls it stuck: a deadline for
+# liveness, never a measure of speed (that is bench/'s). Beside another emulated VM on two cores,
+# a pass in the VM takes several times its quiet figure, and an agent's start (its imports over
+# the 9p share) a minute or more; so the deadlines are minutes, and each wait is for the event.
+STUCK = 180.0
+
 
 def _missing() -> str:
     if os.geteuid() != 0:

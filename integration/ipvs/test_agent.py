@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from integration.host import clean_ipvs
+from integration.host import STUCK, clean_ipvs
 from integration.lab import PORT, Lab, alive, connect, request, udp_request
 from tests import support
 from tests.factories import ep, node, port, service, slice_
@@ -48,7 +48,7 @@ LOGS: list[Path] = []  # the agents' logs, shown when a check fails
 STARTED: list[subprocess.Popen[bytes]] = []  # killed when the test ends, whatever happened
 
 
-def eventually(check: Callable[[], object], timeout: float = 60.0, what: str = "") -> None:
+def eventually(check: Callable[[], object], timeout: float = STUCK, what: str = "") -> None:
     """tests.support.eventually, showing the IPVS table and the agents' logs on failure."""
 
     def state() -> str:
@@ -79,7 +79,7 @@ class Agent:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.args, stdout=out, stderr=out)
         STARTED.append(self.proc)
-        eventually(self._serving, 120, "the agent serves /healthz and /metrics")
+        eventually(self._serving, 2 * STUCK, "the agent serves /healthz and /metrics")
         return self
 
     def _serving(self) -> bool:
@@ -107,7 +107,7 @@ class Agent:
 
     def metric(self, name: str, **labels: str) -> float:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
         pairs = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as exposed
         want = name + ("{" + pairs + "}" if labels else "")
         total = 0.0
@@ -116,6 +116,10 @@ class Agent:
             if key == want or (not labels and key.startswith(name + "{")):
                 total += float(value)
         return total
+
+    def passes(self) -> float:
+        """Sync passes that completed: the whole table written, not part of it."""
+        return self.metric("ipvsproxy_syncs_total", result="ok")
 
     def writes(self) -> float:
         return self.metric("ipvsproxy_kernel_operations_total")
@@ -185,7 +189,8 @@ def test_agent_end_to_end(world, tmp_path):
 
     # converge; every kind of Service carries real traffic
     # (slow the first time: the agent imports the Kubernetes client under emulation)
-    eventually(lambda: "-A -t 203.0.113.10:80" in saved(), 300, "LoadBalancer VS")
+    eventually(lambda: agent.passes() >= 1, 2 * STUCK, "first complete pass")
+    assert "-A -t 203.0.113.10:80" in saved()
     assert web_counts(client) == {"b1": 3, "b2": 3}
     assert udp_request(client, "10.96.0.10", 53) in {"b1", "b2"}
     assert request(client, NODE_IP, 30080) == "b1"
@@ -220,11 +225,11 @@ def test_agent_end_to_end(world, tmp_path):
     assert alive(held["b3"])
     restarted_at = time.monotonic()  # the new process's drain clock starts after this
     agent.start()
-    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, 300, "first sync")
+    eventually(lambda: agent.passes() >= 1, 2 * STUCK, "first sync")
     assert agent.writes() == 0  # the restarted agent finds everything as it should be
     assert b3 in saved()  # still draining: its connection is open
     assert alive(held["b3"])
-    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + 30, "drain ends")
+    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + STUCK, "drain ends")
     assert time.monotonic() - restarted_at >= DRAIN - 1  # held to the (restarted) timeout
     eventually(lambda: agent.metric("ipvsproxy_draining_real_servers") == 0, what="metric 0")
     assert " -w 0" not in saved()  # no weight-0 leftovers
@@ -237,7 +242,7 @@ def test_agent_end_to_end(world, tmp_path):
     assert saved() == before
     assert alive(conn)
     agent.start()
-    eventually(lambda: agent.metric("ipvsproxy_syncs_total") >= 1, 300, "first sync")
+    eventually(lambda: agent.passes() >= 1, 2 * STUCK, "first sync")
     assert agent.writes() == 0
     assert alive(conn)
 
@@ -254,7 +259,7 @@ def test_agent_end_to_end(world, tmp_path):
     assert agent.proc.poll() is None
     assert agent.metric("ipvsproxy_watch_restarts_total") > 0
     api.start()
-    eventually(lambda: lab.backends[2].address in saved(), 90, "relisted after the outage")
+    eventually(lambda: lab.backends[2].address in saved(), what="relisted after the outage")
     assert alive(conn)
 
     # 410 Gone: the agent relists and picks up what it missed
@@ -265,14 +270,13 @@ def test_agent_end_to_end(world, tmp_path):
     api.compact()
     api.start()
     eventually(lambda: agent.metric("ipvsproxy_watch_restarts_total", resource="EndpointSlice",
-                                    reason="gone") > gone_before, 90, "410 relist")  # fmt: skip
-    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + 30, "missed change")
+                                    reason="gone") > gone_before, what="410 relist")  # fmt: skip
+    eventually(lambda: lab.backends[2].address not in saved(), DRAIN + STUCK, "missed change")
 
     # steady state: syncs keep happening and write nothing
     writes = agent.writes()
-    syncs = agent.metric("ipvsproxy_syncs_total")
-    time.sleep(2 * SYNC_PERIOD + 1)
-    assert agent.metric("ipvsproxy_syncs_total") >= syncs + 2
+    passes = agent.passes()
+    eventually(lambda: agent.passes() >= passes + 2, what="two more periodic passes")
     assert agent.writes() == writes
     assert agent.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 0
 

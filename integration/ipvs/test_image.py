@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.host import clean_ipvs, skip_unless_ci
+from integration.host import STUCK, clean_ipvs, skip_unless_ci
 from integration.lab import Lab, request, udp_request
 from integration.pods import Pod, load, podman
 from integration.services import EXAMPLE_NODE_ADDRESS, EXAMPLE_PODS
@@ -125,12 +125,12 @@ def test_the_image_runs_as_the_daemonset_runs_it(image: str) -> None:
             return podman("logs", agent["name"]).stderr[-4000:]
 
         support.eventually(
-            lambda: "-A -t 203.0.113.10:443" in saved(), 180, "the example is programmed",
+            lambda: "-A -t 203.0.113.10:443" in saved(), STUCK, "the example is programmed",
             interval=0.5, detail=lambda: saved() + logs(),
         )  # fmt: skip
         assert probe(agent, "livenessProbe")[0] == 200
         # Ready once the first full pass is done (/readyz): a deadline a loaded machine meets
-        support.eventually(lambda: probe(agent, "readinessProbe")[0] == 200, 180, "ready")
+        support.eventually(lambda: probe(agent, "readinessProbe")[0] == 200, STUCK, "ready")
         port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
         assert get(f"http://127.0.0.1:{port}/proxyMode", 5) == (200, "ipvs")
 

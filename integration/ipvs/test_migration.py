@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from integration import kube_proxy_layout as kube_proxy
-from integration.host import clean_ipvs
+from integration.host import STUCK, clean_ipvs
 from integration.lab import IPVSPROXY, PORT, Lab, connect, request
 from ipvsproxy.firewall.rules import PREFIX
 from tests import support
@@ -274,7 +274,7 @@ def test_kube_proxy_to_ipvsproxy_and_back_under_traffic(
         # the swap: ipvsproxy builds (IPVS mode: adopts) the table, then kube-proxy's rules go
         agent, log, api = start_agent(tmp_path, b1, b2)
         support.eventually(
-            lambda: served() and own_chains(), 120,
+            lambda: served() and own_chains(), STUCK,
             "ipvsproxy ready (/readyz: a full pass done), its rules in place", interval=0.3,
             detail=lambda: saved() + log.read_text()[-3000:],
         )  # fmt: skip

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from integration.host import clean_ipvs
+from integration.host import STUCK, clean_ipvs
 from integration.lab import IPVSPROXY, PORT, Lab, agent_command, built, request
 from tests.factories import ep, node, port, service, slice_
 from tests.status.scene import SCHEMA
@@ -51,7 +51,7 @@ def agent(tmp_path: Path) -> Iterator[tuple[Lab, str]]:
                 lambda: proc.poll() is None and subprocess.run(
                     ["ipvsadm", "-Ln", "-t", f"{VIP}:80"], capture_output=True
                 ).returncode == 0,
-                120, "the agent programmed the VIP", interval=0.3,
+                STUCK, "the agent programmed the VIP", interval=0.3,
                 detail=lambda: log.read_text()[-3000:],
             )  # fmt: skip
             yield lab, f"http://127.0.0.1:{metrics}"
@@ -93,7 +93,7 @@ def test_connections_and_bytes_go_up_on_the_endpoint_that_served_them(agent):
             after[a]["connections"] - before[a]["connections"] >= n for a, n in served.items()
         )
 
-    eventually(counted, 20, "the connections in the counters", interval=0.5)
+    eventually(counted, STUCK, "the connections in the counters", interval=0.5)
     assert doc["backend"] == "ipvs"
     for address, n in served.items():
         assert after[address]["connections"] - before[address]["connections"] == n
