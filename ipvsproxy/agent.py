@@ -357,8 +357,8 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
 
         threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
         status = status_route(
-            lock=agent_loop.lock,
-            proxier=agent_loop.proxier,
+            snapshot=lambda: agent_loop.snapshot,
+            pending=agent_loop.pending,
             tracker=tracker,
             passes=lambda: agent_loop.passes,
             sampler=Sampler(traffic_reader),

@@ -8,8 +8,9 @@ wrote or failed something; every pass at --v 2), and ask the runner for an early
 when an operation failed, endpoints are draining, or a slow-start ramp takes its next step.
 
 After each completed pass it also tells the health server whether this node is eligible
-(kube-proxy's SyncNode) and hands the health-check node ports their Services and local
-endpoint counts (healthcheck.py).
+(kube-proxy's SyncNode), hands the health-check node ports their Services and local
+endpoint counts (healthcheck.py), and publishes the pass's `Snapshot` for `status` (read in
+another thread, without a lock: `snapshot`, `passes` and `pending()`).
 
 Imports: status (Passes), proxier, healthcheck, sync.*, kernel, metrics, serve, config, errors.
 """
@@ -19,17 +20,17 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from ipvsproxy.api import Ref
 from ipvsproxy.errors import KernelError
 from ipvsproxy.healthcheck import ServiceHealth
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddDest, DeleteDest, IPAddress, Op, UpdateDest, VSKey
-from ipvsproxy.proxier import PassResult, Proxier, touched
+from ipvsproxy.proxier import PassResult, Proxier, Snapshot, snapshot_of, touched
 from ipvsproxy.serve import Health
 from ipvsproxy.status.document import Passes
 from ipvsproxy.sync.render import sentence
@@ -68,9 +69,11 @@ class AgentLoop:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.proxier = proxier
-        # held for each pass: `status` reads the proxier between two (HTTP worker thread)
-        self.lock = threading.Lock()
-        self.passes = Passes()  # when the last full and partial passes completed (status)
+        # for `status` (HTTP worker thread), replaced whole at the end of each completed pass:
+        # the state it left, and when the last full and partial passes completed
+        self.snapshot: Snapshot | None = None
+        self.passes = Passes()
+        self._in_pass: frozenset[Ref] = frozenset()  # taken by passes not completed yet
         self._wall_clock = wall_clock
         self._config = proxier.config
         self._service_health = service_health
@@ -126,11 +129,15 @@ class AgentLoop:
     def __call__(self) -> bool:
         """One pass; False when none could run (not every kind listed yet): the runner does
         not count it, and the pass after the lists comes at once."""
-        with self.lock:
-            if not self._ready():
-                return False
-            self._pass()
-            return True
+        if not self._ready():
+            return False
+        self._pass()
+        return True
+
+    def pending(self) -> frozenset[Ref]:
+        """The Services changed since the last completed pass (the next pass applies them);
+        from any thread."""
+        return self._tracker.changed() | self._in_pass
 
     def _pass(self) -> None:
         started = self._clock()
@@ -138,6 +145,7 @@ class AgentLoop:
         self._full_asked = False
         moved = full and self.proxier.desired.refresh_host()  # this host's addresses changed
         changes = self._tracker.take(everything=moved)
+        self._in_pass |= changes.services.keys()
         node = changes.node
         self._health.node_eligible(node.eligible if node else not self._node_required)
         self.proxier.feed(changes)
@@ -216,7 +224,9 @@ class AgentLoop:
         )
         self.last = result
         now = self._wall_clock()
+        self.snapshot = snapshot_of(self.proxier)
         self.passes = replace(self.passes, **{"full" if result.full else "partial": now})
+        self._in_pass = frozenset()
         if result.full:  # the period counts from its end, as the runner's does
             self._last_full = self._clock()
         if result.transaction_error:

@@ -243,6 +243,35 @@ def test_the_table_advanced_by_a_plan_is_what_the_kernel_holds_after_it(before, 
     assert again == kernel
 
 
+@settings(max_examples=100, deadline=None)
+@given(states(), states())
+def test_a_frozen_table_is_a_value_no_later_operation_reaches(before, after):
+    """KnownTable.frozen() (what a pass publishes for `status`) is the table at the time it
+    was taken, whatever is applied after; taken again, it is the same object until then."""
+    from ipvsproxy.model import transition
+    from ipvsproxy.proxier import KnownTable
+    from ipvsproxy.sync.plan import plan
+
+    table = KnownTable()
+    table.seed(before)
+    frozen = table.frozen()
+    assert table.frozen() is frozen  # no copy while nothing changed
+    seen = copy.deepcopy(frozen)
+    ops = plan(after, before, ownership=OWN)
+    table.advance(ops)
+    assert frozen == seen
+    kernel = before
+    for op in ops:
+        kernel = transition(kernel, op)
+    now = table.frozen()
+    assert (dict(now.services), {k: dict(d) for k, d in now.dests.items()}, now.bound) == (
+        dict(kernel.services),
+        {k: dict(d) for k, d in kernel.dests.items()},
+        frozenset(kernel.bound),
+    )
+    assert (now is frozen) == (not ops)
+
+
 # ---- refused operations: the table holds what the kernel took -----------------------------
 
 

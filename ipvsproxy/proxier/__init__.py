@@ -16,7 +16,8 @@ A pass is full or partial:
 
 A pass is made of steps, each with its own state: the desired state (desired.py), the IPVS
 table (ipvs.py), the firewall (firewall.py); passes.py composes them in their safe order.
-The values they hand each other are in plan.py.
+The values they hand each other are in plan.py; what a pass leaves for other threads to read
+(`status`) is a `Snapshot` (snapshot.py).
 
 Imports: firewall, sync.*, kernel, model, policy, config, api, errors.
 """
@@ -24,5 +25,6 @@ Imports: firewall, sync.*, kernel, model, policy, config, api, errors.
 from ipvsproxy.proxier.ipvs import KnownTable
 from ipvsproxy.proxier.passes import Proxier
 from ipvsproxy.proxier.plan import PassPlan, PassResult, touched
+from ipvsproxy.proxier.snapshot import Snapshot, snapshot_of
 
-__all__ = ["KnownTable", "PassPlan", "PassResult", "Proxier", "touched"]
+__all__ = ["KnownTable", "PassPlan", "PassResult", "Proxier", "Snapshot", "snapshot_of", "touched"]

@@ -57,14 +57,28 @@ class KnownTable:
         self.services: dict[VSKey, VirtualServer] = {}
         self.dests: dict[VSKey, Mapping[RSKey, RealServer]] = {}
         self.bound: set[IPAddress] = set()
+        self._frozen: IpvsState | None = None  # `frozen()`'s copy, until the table changes
 
     def seed(self, state: IpvsState) -> None:
         self.services = dict(state.services)
         self.dests = dict(state.dests)
         self.bound = set(state.bound)
+        self._frozen = None
 
-    def advance(self, ops: Iterable[Op]) -> None:
+    def frozen(self) -> IpvsState:
+        """The table now, as a value no later change reaches: shallow copies (the maps in
+        it are never changed in place), made again only after the table changed."""
+        if self._frozen is None:
+            self._frozen = IpvsState(dict(self.services), dict(self.dests), frozenset(self.bound))
+        return self._frozen
+
+    def advance(self, ops: Sequence[Op]) -> None:
         """Record operations the kernel executed."""
+        if ops:
+            self._frozen = None
+            self._advance(ops)
+
+    def _advance(self, ops: Sequence[Op]) -> None:
         changed: dict[VSKey, dict[RSKey, RealServer]] = {}  # the new maps of this call
 
         def copy_of(key: VSKey) -> dict[RSKey, RealServer]:
@@ -123,6 +137,7 @@ class IpvsStep:
     observed_once: bool = False  # False: the next pass must be a full one
     retry: frozenset[VSKey] = frozenset()  # refused settings: looked at again at once
     retry_addresses: set[IPAddress] = field(default_factory=set)  # a failed bind or unbind
+    failed_addresses: tuple[Op, ...] = ()  # the binds and unbinds the last pass could not do
     refusals: Refusals = field(init=False)  # settings the kernel refused, served plainer
     backoff: Failing = field(init=False)  # failed virtual servers, retried one by one
 
@@ -179,8 +194,15 @@ class IpvsStep:
         failed = {failure.op for failure in report.failures}
         self.table.advance(_applied(ipvs.plan, failed))
         refused = self.refusals.record(report.failures, planned.names)
-        failed_keys, self.retry_addresses = touched(failure.op for failure in report.failures)
-        recovered = self.backoff.settle(planned.keys, failed_keys - refused)
+        _, self.retry_addresses = touched(failure.op for failure in report.failures)
+        self.failed_addresses = tuple(
+            f.op for f in report.failures if isinstance(f.op, BindAddress | UnbindAddress)
+        )
+        failed_ops: dict[VSKey, list[Op]] = {}
+        for failure in report.failures:
+            for key in touched((failure.op,))[0] - refused:
+                failed_ops.setdefault(key, []).append(failure.op)
+        recovered = self.backoff.settle(planned.keys, failed_ops)
         self.retry = frozenset(refused)
         restores = {  # one failed run fails every operation it carried: counted once
             id(error): error.version

@@ -1,30 +1,29 @@
-"""The inputs of a status document, from a proxier: the agent's, or one built as `diff` builds it.
+"""The inputs of a status document: from the agent's last pass, or from a plan built as `diff`
+builds it.
 
 Owns: `explained()` (the Services shown, each run through `explain_service`: the translation
 with its reasons), `from_plan()` (a full pass's plan, not applied: `status` without an agent,
-as `diff` computes) and `from_agent()` (the agent's proxier, read under the agent loop's lock
-by the HTTP worker thread: the desired table as the latest objects ask for it, against the
-kernel's table as the agent knows it, so drift is what its next pass would change),
-`Sampler` (rates from the last two distinct traffic samples).
+as `diff` computes) and `from_agent()` (the `Snapshot` the agent's last completed pass
+published, read by the HTTP worker thread without a lock: the table as that pass left it,
+drift what it could not do, and the Services changed since shown pending), `Sampler` (rates
+from the last two distinct traffic samples).
 
 Imports: proxier, sync, traffic, model, api, config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ipvsproxy.api import EndpointSliceView, NodeView, Ref, ServiceView
 from ipvsproxy.config import Config
-from ipvsproxy.model import IpvsState, RealServer, RSKey, VSKey
-from ipvsproxy.proxier import PassPlan, Proxier
+from ipvsproxy.model import RSKey, VSKey, part_of
+from ipvsproxy.proxier import PassPlan, Proxier, Snapshot
 from ipvsproxy.status.document import MAX_PORTS, Observed, Selector
 from ipvsproxy.sync.desired import Explanation, explain_service
 from ipvsproxy.sync.index import DesiredIndex
-from ipvsproxy.sync.plan import plan
 from ipvsproxy.sync.slowstart import Ramp
 from ipvsproxy.traffic import Sample, TrafficReader, rates
 
@@ -42,6 +41,7 @@ class Inputs:
     warnings: tuple[str, ...] = ()
     # the agent's slow-start ramps of the destinations shown (times on its monotonic clock)
     ramps: Mapping[tuple[VSKey, RSKey], Ramp] = field(default_factory=dict)
+    pending: frozenset[Ref] = frozenset()  # Services shown changed since the agent's last pass
 
 
 def explained(
@@ -92,67 +92,38 @@ def from_plan(
 
 
 def from_agent(
-    proxier: Proxier,
+    snapshot: Snapshot,
     services: Iterable[ServiceView],
     slices: Iterable[EndpointSliceView],
     selector: Selector | None,
+    config: Config,
     *,
-    lock: AbstractContextManager[object],
+    pending: Container[Ref] = frozenset(),
 ) -> Inputs:
-    """The agent's view: the latest objects translated (what its next pass will ask for:
-    Services changed since the last pass show as drift), its draining destinations held at
-    weight 0, what the kernel refused served plainer, planned against the table it knows.
-    The agent's state is read under the agent loop's `lock` (never mid-pass); translating
-    the Services shown happens outside it, so the loop waits only for the reads."""
-    with lock:
-        node = proxier.node or NodeView(proxier.config.node_name)
-    shown = explained(services, slices, node, proxier.config, selector, limit=MAX_PORTS)
-    index = DesiredIndex()
+    """The agent's view: the Services shown explained as their latest objects ask, against
+    the node as the agent's last completed pass left it (`snapshot`): its table, and as
+    drift what that pass could not do. Services changed since (`pending`) are not in sync
+    until the next pass. Nothing of the agent's live state is read, and nothing planned."""
+    node = snapshot.node or NodeView(config.node_name)
+    shown = explained(services, slices, node, config, selector, limit=MAX_PORTS)
+    index = DesiredIndex()  # who wins each key among the Services shown
     for svc, explanation in shown:
         index.update((svc.namespace, svc.name), explanation.contribution)
-    keys = set(index.services)
-    ours = index.names(keys)  # the Service port of each key among those shown
-    with lock:
-        owners = {**ours, **proxier.index.names(keys)}  # the node's winners first
-        mine = {key for key in keys if owners[key] == ours[key]}
-        addresses = {key.address for key in mine}
-        ramps = {
-            (ramp.key, ramp.endpoint): ramp
-            for ramp in (proxier.slow_start.ramps() if proxier.slow_start else ())
-            if ramp.key in mine
-        }
-        wanted = _ramping(_holding(index.state_for(mine, addresses), proxier), ramps)
-        wanted = proxier.refusals.serving(wanted)  # changes nothing of the pass
-        kernel = proxier.table.state_for(mine, addresses)
-        ownership, manage = proxier.ownership, proxier.manage_addresses
-        warnings = proxier.warnings
-    drift = plan(wanted, kernel, ownership=ownership, manage_addresses=manage)
-    observed = Observed(kernel=kernel, drift=drift)
-    return Inputs(shown, node, owners, observed, warnings, ramps)
-
-
-def _holding(state: IpvsState, proxier: Proxier) -> IpvsState:
-    """`state` with the destinations the agent drains kept at weight 0, as its pass does."""
-    if proxier.drainer is None:
-        return state
-    dests = dict(state.dests)
-    for key, rs_key in proxier.drainer.draining():
-        if key in dests and rs_key not in dests[key]:
-            dests[key] = {**dests[key], rs_key: RealServer(rs_key, 0)}
-    return replace(state, dests=dests)
-
-
-def _ramping(state: IpvsState, ramps: Mapping[tuple[VSKey, RSKey], Ramp]) -> IpvsState:
-    """`state` with each ramping destination at the weight its ramp asked of the kernel
-    at the last pass (a ramp is no drift)."""
-    if not ramps:
-        return state
-    dests = dict(state.dests)
-    for (key, rs_key), ramp in ramps.items():
-        rs = dests.get(key, {}).get(rs_key)
-        if rs is not None:
-            dests[key] = {**dests[key], rs_key: replace(rs, weight=ramp.weight)}
-    return replace(state, dests=dests)
+    ours = index.names(index.services)  # the Service port of each key among those shown
+    owners = {**ours, **{k: snapshot.owners[k] for k in ours if k in snapshot.owners}}
+    mine = {key for key in ours if owners[key] == ours[key]}
+    kernel = part_of(
+        snapshot.table.services,
+        snapshot.table.dests,
+        snapshot.table.bound,
+        mine,
+        {key.address for key in mine},
+    )
+    observed = Observed(kernel=kernel, drift=snapshot.undone)
+    ramps = {at: ramp for at, ramp in snapshot.ramps.items() if at[0] in mine}
+    refs = {(svc.namespace, svc.name) for svc, _ in shown}
+    changed = frozenset(ref for ref in refs if ref in pending)
+    return Inputs(shown, node, owners, observed, snapshot.warnings, ramps, changed)
 
 
 def ramp_of(

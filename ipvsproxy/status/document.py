@@ -12,12 +12,12 @@ Imports: proxier (touched), sync, traffic, model, api, errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ipvsproxy.api import EndpointView, NodeView, ServiceView
+from ipvsproxy.api import EndpointView, NodeView, Ref, ServiceView
 from ipvsproxy.errors import ConfigError
 from ipvsproxy.model import (
     Counters,
@@ -121,17 +121,20 @@ def build(
     device: str = "kube-ipvs0",
     selector: Selector | None = None,
     ramp: RampOf = no_ramp,
+    pending: Container[Ref] = frozenset(),
 ) -> Json:
-    """The document for these Services (each with its `explain_service`), in their order."""
+    """The document for these Services (each with its `explain_service`), in their order;
+    those in `pending` changed since the agent's last pass (not in sync until the next)."""
     ctx = Context(node, owners, observed, device, ramp, _drift_lines(observed, owners, device))
     services: list[Json] = []
     for svc, explanation in explained:
+        changed = (svc.namespace, svc.name) in pending
         if explanation.skipped is not None:
-            services.append(_skipped(svc, explanation))
+            services.append(_skipped(svc, explanation, changed))
             continue
         for port in explanation.ports:
             if selector is None or selector.port_matches(port):
-                services.append(_service_port(svc, explanation, port, ctx))
+                services.append(_service_port(svc, explanation, port, ctx, changed))
     shown = services[:MAX_PORTS]
     # drift of no Service port's virtual server (stale ones): only on a whole node's status
     other = ctx.lines.get(None, []) if selector is None else []
@@ -165,7 +168,7 @@ def _iso(seconds: float | None) -> str | None:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _skipped(svc: ServiceView, explanation: Explanation) -> Json:
+def _skipped(svc: ServiceView, explanation: Explanation, pending: bool) -> Json:
     return {
         "namespace": svc.namespace,
         "name": svc.name,
@@ -177,7 +180,8 @@ def _skipped(svc: ServiceView, explanation: Explanation) -> Json:
         "persistenceSeconds": None,
         "trafficPolicies": _policies(svc),
         "fellBack": [],
-        "inSync": True,
+        "pending": pending,
+        "inSync": not pending,
         "virtualServers": [],
         "endpoints": [],
     }
@@ -191,7 +195,7 @@ def _policies(svc: ServiceView) -> Json:
 
 
 def _service_port(
-    svc: ServiceView, explanation: Explanation, port: PortExplanation, ctx: Context
+    svc: ServiceView, explanation: Explanation, port: PortExplanation, ctx: Context, pending: bool
 ) -> Json:
     entries = [
         (key, entry)
@@ -214,7 +218,8 @@ def _service_port(
         "persistenceSeconds": svc.affinity_timeout or None,
         "trafficPolicies": _policies(svc),
         "fellBack": sorted(str(scope) for scope in port.fell_back),
-        "inSync": all(not s["drift"] for s in servers),
+        "pending": pending,
+        "inSync": not pending and all(not s["drift"] for s in servers),
         "virtualServers": servers,
         "endpoints": _endpoints(port, owned, desired, ctx),
     }

@@ -1,11 +1,12 @@
 """The agent's `/status` route on the metrics port (served by serve.py's worker thread).
 
-Owns: `status_route()`. A request reads the agent's proxier under the agent loop's lock
-(waiting out a pass in progress, never interleaving with one), then, with the lock released,
-the kernel's counters through the agent's `TrafficReader` (a connection of its own, never the
-sync thread's socket). `?service=NAMESPACE/NAME[:PORT]` shows one Service or port; without
-it the document holds at most `document.MAX_PORTS` Service ports. A bad filter is a 400, a
-failed kernel read a 503, each with one line of text.
+Owns: `status_route()`. A request reads the `Snapshot` the agent's last completed pass
+published (no lock: a pass in progress is neither waited for nor seen), the Services changed
+since (`pending`), the latest objects (to explain them), then the kernel's counters through
+the agent's `TrafficReader` (a connection of its own, never the sync thread's socket).
+`?service=NAMESPACE/NAME[:PORT]` shows one Service or port; without it the document holds at
+most `document.MAX_PORTS` Service ports. A bad filter is a 400, a request before the first
+pass or a failed kernel read a 503, each with one line of text.
 
 Imports: status.document, status.compute, proxier, sync.tracker, serve, traffic, config,
 errors.
@@ -14,15 +15,14 @@ errors.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
-from ipvsproxy.api import EndpointSliceView, ServiceView
+from ipvsproxy.api import EndpointSliceView, Ref, ServiceView
 from ipvsproxy.config import Config
 from ipvsproxy.errors import ConfigError, KernelError
-from ipvsproxy.proxier import Proxier
+from ipvsproxy.proxier import Snapshot
 from ipvsproxy.serve import JSON_HEADERS, Headed, InThread
 from ipvsproxy.status.compute import Sampler, from_agent, ramp_of
 from ipvsproxy.status.document import Passes, Selector, build
@@ -33,8 +33,8 @@ PATH = "/status"
 
 def status_route(
     *,
-    lock: threading.Lock,
-    proxier: Proxier,
+    snapshot: Callable[[], Snapshot | None],
+    pending: Callable[[], frozenset[Ref]],
     tracker: Tracker,
     passes: Callable[[], Passes],
     sampler: Sampler,
@@ -50,14 +50,18 @@ def status_route(
             selector = selector_of(query)
         except ConfigError as exc:
             return 400, "text/plain; charset=utf-8", f"{exc}\n".encode(), {}
+        done, last = passes(), snapshot()
+        if last is None:
+            text = "no sync pass has completed yet: the agent waits for its first\n"
+            return 503, "text/plain; charset=utf-8", text.encode(), {}
+        changed = pending()
         services = [
             v
             for v in tracker.views(SERVICE)
             if isinstance(v, ServiceView) and (selector is None or selector.matches(v))
         ]
         slices = [v for v in tracker.views(SLICE) if isinstance(v, EndpointSliceView)]
-        inputs = from_agent(proxier, services, slices, selector, lock=lock)
-        done = passes()
+        inputs = from_agent(last, services, slices, selector, config, pending=changed)
         try:
             observed = sampler.observe(inputs.observed)
         except KernelError as exc:
@@ -76,6 +80,7 @@ def status_route(
             device=config.dummy_device,
             selector=selector,
             ramp=ramp_of(inputs.ramps, monotonic()),
+            pending=inputs.pending,
         )
         return 200, "application/json", json.dumps(doc).encode() + b"\n", JSON_HEADERS
 

@@ -76,7 +76,12 @@ def _block(svc: Json, *, width: int, wide: bool) -> list[str]:
              if policies[scope] == "Local"]  # fmt: skip
     if local:
         head += "  " + ", ".join(local)
-    head += "  in sync" if svc["inSync"] else "  DRIFT"
+    if svc["pending"]:
+        head += "  PENDING: changed since the last pass"
+    if any(vs["drift"] for vs in svc["virtualServers"]):
+        head += "  DRIFT"
+    elif svc["inSync"]:
+        head += "  in sync"
     lines = [head]
     if svc["fellBack"]:
         fell = " and ".join(svc["fellBack"])
@@ -243,7 +248,14 @@ def _footer(doc: Json) -> list[str]:
     rates = "rates: - (one sample)" if counted else "no counters"
     if window is not None:
         rates = f"rates over {window:g}s"
-    state = "in sync" if doc["inSync"] else "DRIFT: the kernel differs from what is wanted"
+    if doc["inSync"]:
+        state = "in sync"
+    elif doc["otherDrift"] or any(
+        vs["drift"] for s in doc["services"] for vs in s["virtualServers"]
+    ):
+        state = "DRIFT: the kernel differs from what is wanted"
+    else:
+        state = "PENDING: Services changed since the last pass (the next one applies them)"
     lines = [where, f"{passes}; {rates}", state]
     if doc["truncated"]:
         lines.append("(truncated: give NAMESPACE/NAME for one Service)")

@@ -21,13 +21,21 @@ Imports: model, schedulers, errors, the standard library.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import AlreadyExists, NotFound
 from ipvsproxy.kernel import Failure
-from ipvsproxy.model import AddService, IpvsState, ServiceFlags, UpdateService, VirtualServer, VSKey
+from ipvsproxy.model import (
+    AddService,
+    IpvsState,
+    Op,
+    ServiceFlags,
+    UpdateService,
+    VirtualServer,
+    VSKey,
+)
 from ipvsproxy.schedulers import Scheduler
 
 _KEPT = ServiceFlags.PERSISTENT  # ClientIP affinity: the one flag a plain server keeps
@@ -127,26 +135,36 @@ def _describe(vs: VirtualServer) -> str:
 
 @dataclass
 class Failing:
-    """Per virtual server: how many passes in a row failed it, and when to try again."""
+    """Per virtual server: how many passes in a row failed it, when to try again, and the
+    operations its last attempt could not do (what it still lacks: `undone`)."""
 
     policy: Backoff  # the wait after each failure in a row
     clock: Callable[[], float] = time.monotonic
     _failing: dict[VSKey, tuple[int, float]] = field(default_factory=dict)
+    _undone: dict[VSKey, tuple[Op, ...]] = field(default_factory=dict)
 
-    def settle(self, looked: Iterable[VSKey] | None, failed: Iterable[VSKey]) -> set[VSKey]:
-        """After a pass that looked at `looked` (None: at everything): `failed` wait longer
-        (by the policy: 1, 2, 4 ... s after this failure), the others that were failing are
-        forgotten and returned (recovered)."""
-        failed = set(failed)
+    def settle(
+        self, looked: Iterable[VSKey] | None, failed: Mapping[VSKey, Sequence[Op]]
+    ) -> set[VSKey]:
+        """After a pass that looked at `looked` (None: at everything): the keys of `failed`
+        (each with the operations that failed for it) wait longer (by the policy: 1, 2, 4 ...
+        s after this failure), the others that were failing are forgotten and returned
+        (recovered)."""
         candidates = self._failing.keys() if looked is None else looked
         recovered = {key for key in candidates if key in self._failing and key not in failed}
         for key in recovered:
             del self._failing[key]
+            self._undone.pop(key, None)
         now = self.clock()
-        for key in failed:
+        for key, ops in failed.items():
             count = self._failing.get(key, (0, 0.0))[0] + 1
             self._failing[key] = (count, now + self.policy.delay(count))
+            self._undone[key] = tuple(ops)
         return recovered
+
+    def undone(self) -> tuple[Op, ...]:
+        """The operations the last attempt of each failing virtual server could not do."""
+        return tuple(op for ops in self._undone.values() for op in ops)
 
     def due(self) -> set[VSKey]:
         now = self.clock()

@@ -252,6 +252,14 @@ class Tracker:
                 **({NODE: self._pending[NODE]} if NODE in self._pending else {}),
             }
 
+    def changed(self) -> frozenset[Ref]:
+        """The Services changed since the last `take()`: what the next pass translates again
+        (every one before the first); from any thread."""
+        with self._lock:
+            if self._everything:
+                return frozenset(self._services.keys() | self._dirty)
+            return frozenset(self._dirty)
+
     def views(self, kind: str) -> tuple[View, ...]:
         """Every current view of one kind (tests, tools)."""
         with self._lock:

@@ -1,25 +1,29 @@
 """The agent's /status (status/endpoint.py) over the agent's own pieces on a FakeKernel
-(support.Agent): the document from the agent's state, filtered by `?service=`, pending
-changes shown as drift, read between two passes (never during one) in the worker thread
-while probes are answered, a failed kernel read a 503, a bad filter a 400."""
+(support.Agent): the document from the snapshot the last pass published, filtered by
+`?service=`, changes not synced yet shown pending, what a pass could not do shown as drift,
+a pass in progress neither waited for nor seen, probes answered meanwhile, no document
+before the first pass, a failed kernel read a 503, a bad filter a 400."""
 
 from __future__ import annotations
 
+import math
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from ipaddress import ip_address
 from typing import Any
 
 import pytest
 
 from ipvsproxy.errors import ConfigError, KernelError
+from ipvsproxy.model import AddDest, RealServer, RSKey
 from ipvsproxy.serve import HttpServer
 from ipvsproxy.status.client import fetch
 from ipvsproxy.status.compute import Sampler
 from ipvsproxy.status.document import Selector
 from ipvsproxy.status.endpoint import PATH, selector_of, status_route
+from ipvsproxy.status.table import render
 from ipvsproxy.sync.tracker import NODE
 from ipvsproxy.traffic import TrafficReader
 from tests.factories import ep, slice_
@@ -36,8 +40,8 @@ class Served:
         self.clock = Clock(100.0)
         self.reader = TrafficReader(lambda: self.agent.kernel, clock=self.clock)
         route = status_route(
-            lock=self.agent.sync.lock,
-            proxier=self.agent.sync.proxier,
+            snapshot=lambda: self.agent.sync.snapshot,
+            pending=self.agent.sync.pending,
             tracker=self.agent.tracker,
             passes=lambda: self.agent.sync.passes,
             sampler=Sampler(self.reader),
@@ -90,17 +94,62 @@ def test_a_bad_filter_is_a_400_with_one_line(served, query):
         selector_of(query)
 
 
-def test_changes_not_yet_synced_are_drift_until_the_next_pass(served):
+def test_changes_not_synced_yet_are_pending_until_the_next_pass(served):
     moved = slice_("web", ns="demo", endpoints=[pod("10.244.1.5", "web-x"), ep("10.244.1.7")])
     served.agent.feed(*[o for o in OBJECTS if o["kind"] != "EndpointSlice"], moved)
     doc = valid(fetch(served.url, Selector.parse("demo/web")))
-    assert not doc["inSync"]
-    assert (
-        "+ ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.7:8080 -m -w 1"
-        in (doc["services"][0]["virtualServers"][0]["drift"])
-    )
+    (web,) = doc["services"]
+    assert (doc["inSync"], web["pending"], web["inSync"]) == (False, True, False)
+    assert all(vs["drift"] == [] for vs in web["virtualServers"])  # nothing failed
+    new = next(e for e in web["endpoints"] if e["address"] == "10.244.1.7")
+    assert new["programmed"] == []  # the last pass's table: not there yet
+    text = render(doc, width=120)
+    assert "PENDING: changed since the last pass" in text.splitlines()[0]
+    assert "PENDING: Services changed since the last pass" in text
     served.agent.sync()
+    doc = valid(fetch(served.url, Selector.parse("demo/web")))
+    (web,) = doc["services"]
+    assert (doc["inSync"], web["pending"]) == (True, False)
+    new = next(e for e in web["endpoints"] if e["address"] == "10.244.1.7")
+    assert {"virtualServer": "TCP 10.96.0.10:80", "weight": 1} in new["programmed"]
+
+
+def test_what_a_pass_could_not_do_is_drift_until_a_pass_does_it(served):
+    moved = slice_("web", ns="demo", endpoints=[pod("10.244.1.5", "web-x"), ep("10.244.1.7")])
+    added = AddDest(WEB_VIP, RealServer(RSKey(ip_address("10.244.1.7"), 8080), 1))
+    served.agent.kernel.errors[added] = KernelError("refused by the test")
+    served.agent.feed(*[o for o in OBJECTS if o["kind"] != "EndpointSlice"], moved)
+    served.agent.sync()
+    doc = valid(fetch(served.url, Selector.parse("demo/web")))
+    (web,) = doc["services"]
+    assert (doc["inSync"], web["pending"]) == (False, False)
+    assert web["virtualServers"][0]["drift"] == [
+        "+ ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.7:8080 -m -w 1"
+    ]
+    served.agent.sync.proxier.backoff.clock = lambda: math.inf  # the retry is due
+    served.agent.sync()  # the error was one-shot: the retry succeeds
     assert valid(fetch(served.url, Selector.parse("demo/web")))["inSync"]
+
+
+def test_no_document_before_the_first_pass():
+    agent = Agent()
+    route = status_route(
+        snapshot=lambda: agent.sync.snapshot,
+        pending=agent.sync.pending,
+        tracker=agent.tracker,
+        passes=lambda: agent.sync.passes,
+        sampler=Sampler(TrafficReader(lambda: agent.kernel)),
+        backend="ipvs",
+        config=AGENT_CONFIG,
+    )
+    server = HttpServer(("127.0.0.1", 0), {PATH: route}).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}{PATH}", timeout=10)
+    finally:
+        server.close()
+    assert caught.value.code == 503
+    assert b"no sync pass has completed yet" in caught.value.read()
 
 
 def test_rates_once_the_agent_has_two_samples(served):
@@ -116,18 +165,37 @@ def test_rates_once_the_agent_has_two_samples(served):
     assert here["traffic"]["rates"]["connectionsPerSecond"] == 2.0
 
 
-def test_read_between_passes_in_the_worker_while_probes_are_answered(served):
-    got: list[dict[str, Any]] = []
-    with served.agent.sync.lock:  # a pass in progress
-        asking = threading.Thread(target=lambda: got.append(fetch(served.url, None)))
-        asking.start()
-        time.sleep(0.3)
-        assert not got  # waits for the pass to end
-        with urllib.request.urlopen(f"{served.url}/healthz", timeout=2) as answer:
+def test_a_pass_in_progress_is_neither_waited_for_nor_seen(served, monkeypatch):
+    applying, release = threading.Event(), threading.Event()
+    real = served.agent.kernel.apply
+
+    def held(plan: Any, **kwargs: Any) -> Any:
+        report = real(plan, **kwargs)  # the kernel has it; the pass is not over
+        applying.set()
+        release.wait(timeout=30)
+        return report
+
+    monkeypatch.setattr(served.agent.kernel, "apply", held)
+    gone = slice_("web", ns="demo", endpoints=[pod("10.244.2.7", "web-b", node="node-b")])
+    served.agent.feed(*[o for o in OBJECTS if o["kind"] != "EndpointSlice"], gone)
+    passing = threading.Thread(target=served.agent.sync)
+    passing.start()
+    try:
+        assert applying.wait(timeout=30)
+        doc = valid(fetch(served.url, Selector.parse("demo/web")))  # answered mid-pass
+        with urllib.request.urlopen(f"{served.url}/healthz", timeout=10) as answer:
             assert answer.status == 200  # the event loop is not held
-    asking.join(timeout=10)
-    assert got
-    assert got[0]["kind"] == "Status"
+    finally:
+        release.set()
+        passing.join(timeout=30)
+    (web,) = doc["services"]
+    here = next(e for e in web["endpoints"] if e["address"] == "10.244.1.5")
+    assert here["programmed"]  # the table as the last completed pass left it
+    assert web["pending"]  # the Service the pass in progress applies
+    doc = valid(fetch(served.url, Selector.parse("demo/web")))
+    assert doc["inSync"]
+    (web,) = doc["services"]
+    assert "10.244.1.5" not in {e["address"] for e in web["endpoints"]}  # gone, as planned
 
 
 def test_a_failed_kernel_read_is_a_503(served, monkeypatch):
@@ -175,8 +243,8 @@ def test_a_slow_start_ramp_is_shown_and_is_no_drift():
     sync(agent, runner, web(), endpoints(A, B, C))  # C ramps: weight 1 of 10 for 2 s
     clock.now += 0.5
     route = status_route(
-        lock=agent.sync.lock,
-        proxier=agent.sync.proxier,
+        snapshot=lambda: agent.sync.snapshot,
+        pending=agent.sync.pending,
         tracker=agent.tracker,
         passes=lambda: agent.sync.passes,
         sampler=Sampler(TrafficReader(lambda: agent.kernel, clock=clock)),

@@ -157,18 +157,18 @@ def test_backoff_forgets_what_succeeded_and_counts_what_keeps_failing():
         VSKey(ip_address("10.96.0.1"), 80, Proto.TCP),
         VSKey(ip_address("10.96.0.2"), 80, Proto.TCP),
     )
-    assert backoff.settle(None, [a, b]) == set()
+    assert backoff.settle(None, {a: (), b: ()}) == set()
     assert backoff.next_in() == 1.0
     clock.now += 1
     assert backoff.due() == {a, b}
-    assert backoff.settle([a, b], [b]) == {a}  # a recovered, b waits 2 s now
+    assert backoff.settle([a, b], {b: ()}) == {a}  # a recovered, b waits 2 s now
     assert backoff.next_in() == 2.0
-    assert backoff.settle(None, [b]) == set()  # a full pass failing b again: 4 s
+    assert backoff.settle(None, {b: ()}) == set()  # a full pass failing b again: 4 s
     assert backoff.next_in() == 4.0
     for _ in range(5):
-        backoff.settle(None, [b])
+        backoff.settle(None, {b: ()})
     assert backoff.next_in() == 10.0  # capped
-    assert backoff.settle(None, []) == {b}
+    assert backoff.settle(None, {}) == {b}
     assert backoff.next_in() is None
 
 
