@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import fresh_netns, table  # noqa: E402
 from integration.lab import inside  # noqa: E402
+from ipvsproxy.fallback import IptablesKernel  # noqa: E402
+from ipvsproxy.fallback.chains import JUMPS, render  # noqa: E402
 from ipvsproxy.host.commands import Commands  # noqa: E402
-from ipvsproxy.iptables import IptablesKernel  # noqa: E402
 from ipvsproxy.iptables.parse import Saved  # noqa: E402
-from ipvsproxy.iptables.rules import render  # noqa: E402
 from ipvsproxy.iptables.transaction import transaction  # noqa: E402
 from ipvsproxy.model import IpvsState  # noqa: E402
 from ipvsproxy.sync.ownership import Ownership  # noqa: E402
@@ -245,7 +245,7 @@ def main() -> None:
     desired = replace(base, bound=frozenset(k.address for k in base.services))  # ClusterIPs
     size = f"{args.services}x{args.dests}"
     ours = Path(f"/tmp/ipvsproxy-bench-{size}.rules")
-    ours.write_text(transaction(Saved(), render(desired, {}, version=4)))
+    ours.write_text(transaction(Saved(), render(desired, {}, version=4), jumps=JUMPS))
     kube = Path(f"/tmp/ipvsproxy-bench-{size}-kube-proxy.rules")
     kube.write_text(kube_proxy_payload(desired))
     rules = sum(1 for line in ours.read_text().splitlines() if line.startswith("-"))

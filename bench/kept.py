@@ -60,9 +60,9 @@ from bench.native_scale import CONFIG, Rollouts, rss_mib  # noqa: E402
 from integration.lab import inside  # noqa: E402
 from ipvsproxy.agent_loop import freeze_heap  # noqa: E402
 from ipvsproxy.api import read as parse  # noqa: E402
+from ipvsproxy.fallback.chains import JUMPS, render  # noqa: E402
 from ipvsproxy.iptables.generation import RulesetGeneration  # noqa: E402
 from ipvsproxy.iptables.parse import Saved  # noqa: E402
-from ipvsproxy.iptables.rules import render  # noqa: E402
 from ipvsproxy.iptables.transaction import transaction  # noqa: E402
 from ipvsproxy.model import IPAddress  # noqa: E402
 from ipvsproxy.netlink import codec  # noqa: E402
@@ -326,7 +326,7 @@ def resync_row(name: str, with_: tuple[float, float], without: tuple[float, floa
 def generation_rows(services: int, dests: int, repeat: int, what: str) -> list[Row]:
     base = table(services, dests)
     desired = replace(base, bound=frozenset(k.address for k in base.services))
-    payload = transaction(Saved(), render(desired, {}, version=4))
+    payload = transaction(Saved(), render(desired, {}, version=4), jumps=JUMPS)
     rules = sum(1 for line in payload.splitlines() if line.startswith("-"))
     with fresh_netns() as ns:
         subprocess.run(

@@ -60,11 +60,11 @@ def clean_ipvs(device: str = "kube-ipvs0") -> None:
     Runs twice per test, and every process costs a lot under emulation: look first
     (/proc, /sys and one save per tool), clean only what is there.
     """
+    from ipvsproxy.fallback import IptablesKernel
+    from ipvsproxy.fallback import chains as fallback_rules
     from ipvsproxy.firewall import rules as firewall_rules
     from ipvsproxy.firewall import sets as firewall_sets
     from ipvsproxy.firewall.kernel import Firewall
-    from ipvsproxy.iptables import IptablesKernel
-    from ipvsproxy.iptables import rules as fallback_rules
 
     services = Path("/proc/net/ip_vs").read_text().splitlines()[3:]  # after 3 header lines
     if services:

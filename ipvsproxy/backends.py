@@ -10,7 +10,7 @@ them),
 changed between runs, the other one's objects go) and `cleanup()` (everything ipvsproxy
 owns in both backends, and nothing else).
 
-Imports: netlink, iptables, firewall, sync, kernel, policy, model, config, errors.
+Imports: netlink, fallback, firewall, sync, kernel, policy, model, config, errors.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
+from ipvsproxy.fallback import IptablesKernel
 from ipvsproxy.firewall.kernel import Firewall
 from ipvsproxy.firewall.kube_proxy import NodePort, adopted
 from ipvsproxy.firewall.set_reader import SetReader
 from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import recorded
-from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     EMPTY,

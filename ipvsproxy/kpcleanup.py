@@ -40,8 +40,8 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import destroy_commands, render_script
 from ipvsproxy.firewall.kube_proxy import NodePort, ipv6_set_name, node_ports
 from ipvsproxy.host.commands import Commands
-from ipvsproxy.iptables.kernel import TOOLS, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
+from ipvsproxy.iptables.tools import TOOLS, restore
 from ipvsproxy.iptables.transaction import removal
 
 log = logging.getLogger(__name__)

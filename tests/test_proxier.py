@@ -197,7 +197,7 @@ def test_a_failed_firewall_restore_in_a_full_pass_is_reported_with_its_ip_versio
 
 
 def test_the_fallback_failed_restore_counts_once_however_many_operations_it_carried():
-    from ipvsproxy.iptables import IptablesKernel
+    from ipvsproxy.fallback import IptablesKernel
     from tests.support import FakeIptables
 
     commands = FakeIptables()

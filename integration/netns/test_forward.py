@@ -22,11 +22,11 @@ import pytest
 
 from integration.lab import PORT, Lab, alive, built, connect, inside, request
 from ipvsproxy.config import Config
+from ipvsproxy.fallback import IptablesKernel
+from ipvsproxy.fallback.chains import FILTER_JUMPS, FORWARD, filter_ruleset, owned_filter
 from ipvsproxy.host.commands import Commands
-from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.iptables.kernel import restore_argv
 from ipvsproxy.iptables.parse import parse_save
-from ipvsproxy.iptables.rules import FILTER_JUMPS, FORWARD, filter_ruleset, owned_filter
+from ipvsproxy.iptables.tools import restore_argv
 from ipvsproxy.iptables.transaction import removal, transaction
 from ipvsproxy.policy import node_policy
 from ipvsproxy.proxier import Proxier

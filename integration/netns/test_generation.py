@@ -125,7 +125,7 @@ def test_the_fallback_s_idle_observation_saves_nothing_and_still_finds_damage(
 ) -> None:
     from ipaddress import ip_address
 
-    from ipvsproxy.iptables import IptablesKernel
+    from ipvsproxy.fallback import IptablesKernel
     from ipvsproxy.model import AddDest, AddService, Proto, RealServer, RSKey, VirtualServer, VSKey
 
     if "nf_tables" not in in_ns(netns, "iptables", "-V"):

@@ -15,9 +15,9 @@ import pytest
 
 from ipvsproxy import manifests
 from ipvsproxy.config import Config
+from ipvsproxy.fallback import IptablesKernel
+from ipvsproxy.fallback.chains import SERVICES, sep_chain, svc_chain
 from ipvsproxy.host.commands import Commands
-from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.iptables.rules import SERVICES, sep_chain, svc_chain
 from ipvsproxy.model import (
     AddDest,
     AddService,

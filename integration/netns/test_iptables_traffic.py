@@ -14,8 +14,8 @@ import pytest
 
 from integration.lab import PORT, Lab, alive, built, connect, request, sctp_available, udp_request
 from integration.services import NODE_IP, program, svc
+from ipvsproxy.fallback import IptablesKernel
 from ipvsproxy.host.commands import Commands
-from ipvsproxy.iptables import IptablesKernel
 from tests.factories import ep, node, slice_
 
 pytestmark = pytest.mark.netns

@@ -30,8 +30,8 @@ import pytest
 
 from integration.lab import PORT, Lab, built, inside, request
 from ipvsproxy.config import Config
+from ipvsproxy.fallback import IptablesKernel
 from ipvsproxy.host.commands import Commands
-from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.policy import node_policy
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker

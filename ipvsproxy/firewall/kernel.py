@@ -53,8 +53,8 @@ from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration, SavedAt, nf_tables
-from ipvsproxy.iptables.kernel import TOOLS, restore
 from ipvsproxy.iptables.parse import Saved, parse_save
+from ipvsproxy.iptables.tools import TOOLS, restore
 from ipvsproxy.iptables.transaction import removal, transaction
 
 __all__ = [

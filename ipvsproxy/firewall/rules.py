@@ -30,7 +30,7 @@ be spoofed.
 IPVS sees VIP traffic in LOCAL_IN after the filter table's INPUT chain, so both filters act
 before IPVS forwards anything.
 
-Imports: firewall.sets, iptables.rules, policy, the standard library.
+Imports: firewall.sets, iptables.transaction (Ruleset), policy, the standard library.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ipvsproxy.firewall.sets import (
     VIPS,
     SetSpec,
 )
-from ipvsproxy.iptables.rules import Ruleset
+from ipvsproxy.iptables.transaction import Ruleset
 from ipvsproxy.policy import LocalMode, NodePolicy, forward_rules
 
 __all__ = [

@@ -12,22 +12,29 @@ make the kernel refuse the whole transaction (`CHAIN_DEL ... busy`), so it is em
 kept instead, and the rest of the transaction goes in; `damage()` does not report it again
 while it stays empty; `conflicts()` names it for the caller's warning.
 
-Imports: iptables.rules, iptables.parse.
+`Ruleset` is what they are given: the chains wanted, chain -> rule lines.
+
+Imports: iptables.parse, the standard library.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.iptables.parse import target as target_of
-from ipvsproxy.iptables.rules import JUMPS, Ruleset
 
 
-def damage(
-    saved: Saved, target: Ruleset, *, jumps: tuple[tuple[str, str], ...] = JUMPS
-) -> tuple[str, ...]:
+@dataclass(frozen=True, slots=True)
+class Ruleset:
+    """ipvsproxy's chains in one family's nat table: chain -> rule lines (`-A CHAIN ...`)."""
+
+    chains: Mapping[str, tuple[str, ...]]
+
+
+def damage(saved: Saved, target: Ruleset, *, jumps: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
     """How the saved chains and jumps differ from `target`, in words ("" = none)."""
     found: list[str] = []
     kept = blocked(saved, target)
@@ -59,7 +66,7 @@ def transaction(
     target: Ruleset,
     *,
     table: str = "nat",
-    jumps: tuple[tuple[str, str], ...] = JUMPS,
+    jumps: tuple[tuple[str, str], ...],
 ) -> str:
     """The restore input turning `saved` into `target` ("" when they are equal)."""
     changed = {c: rules for c, rules in target.chains.items() if saved.chains.get(c) != rules}
@@ -105,14 +112,20 @@ def conflicts(kept: Mapping[str, tuple[tuple[str, str], ...]]) -> str:
     )
 
 
-def patch(changes: Mapping[str, tuple[str, ...] | None], *, table: str = "nat") -> str:
+def patch(
+    changes: Mapping[str, tuple[str, ...] | None],
+    *,
+    table: str = "nat",
+    jumps: tuple[tuple[str, str], ...],
+) -> str:
     """The restore input for a partial sync: each chain in `changes` refilled with its new
-    rules, or deleted (None); nothing else is read or written ("" when there is nothing)."""
+    rules, or deleted (None); nothing else is read or written ("" when there is nothing).
+    `jumps` are taken for present, never written."""
     if not changes:
         return ""
-    saved = Saved({chain: () for chain, rules in changes.items() if rules is None}, JUMPS)
+    saved = Saved({chain: () for chain, rules in changes.items() if rules is None}, jumps)
     target = Ruleset({chain: rules for chain, rules in changes.items() if rules is not None})
-    return transaction(saved, target, table=table)
+    return transaction(saved, target, table=table, jumps=jumps)
 
 
 CREATE_BATCH = 500  # chains created per transaction ahead of a large load

@@ -16,7 +16,7 @@ import pytest
 from ipvsproxy import logs
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.iptables import IptablesKernel
+from ipvsproxy.fallback import IptablesKernel
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.model import AddDest, Op
 from ipvsproxy.proxier import Proxier

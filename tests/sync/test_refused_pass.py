@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from ipvsproxy.agent_loop import AgentLoop
-from ipvsproxy.iptables import IptablesKernel
+from ipvsproxy.fallback import IptablesKernel
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.serve import Health

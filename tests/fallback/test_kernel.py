@@ -10,8 +10,8 @@ from ipaddress import ip_address, ip_network
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.iptables.rules import SERVICES, render, sep_chain, svc_chain
+from ipvsproxy.fallback import IptablesKernel
+from ipvsproxy.fallback.chains import SERVICES, render, sep_chain, svc_chain
 from ipvsproxy.model import (
     AddDest,
     AddService,

@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ipvsproxy.config import Config
+from ipvsproxy.fallback import IptablesKernel
+from ipvsproxy.fallback.chains import EXT_PREFIX, MARK_MASQ, POSTROUTING, SERVICES, svc_chain
 from ipvsproxy.firewall.sets import wanted
-from ipvsproxy.iptables import IptablesKernel
-from ipvsproxy.iptables.rules import EXT_PREFIX, MARK_MASQ, POSTROUTING, SERVICES, svc_chain
 from ipvsproxy.model import IPAddress, Proto, VSKey
 from ipvsproxy.policy import (
     DEFAULT_NODE,

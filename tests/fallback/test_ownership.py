@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import logging
 
+from ipvsproxy.fallback import IptablesKernel
+from ipvsproxy.fallback.chains import owned, svc_chain
 from ipvsproxy.firewall.ipset import parse_ipset_save, parse_names
 from ipvsproxy.firewall.kernel import Firewall, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import SetState
-from ipvsproxy.iptables import IptablesKernel
 from ipvsproxy.iptables.parse import parse_save, target, tokens
-from ipvsproxy.iptables.rules import svc_chain
 from ipvsproxy.kpcleanup import selected
 from ipvsproxy.model import DeleteService, UpdateDest
 from ipvsproxy.sync.plan import plan
-from tests.iptables.test_kernel import EVERYTHING, KEYS, RS, STATE, loaded
+from tests.fallback.test_kernel import EVERYTHING, KEYS, RS, STATE, loaded
 from tests.support import FakeIptables
 
 FOREIGN_JUMP = "-s 192.0.2.0/24 -j IPVSPX-X"
@@ -137,4 +137,4 @@ def test_rules_are_read_word_by_word_as_iptables_restore_reads_them():
     assert target("-s 192.0.2.0/24 -g IPVSPX-SERVICES") == "IPVSPX-SERVICES"
     assert target('-m comment --comment "no target"') == ""
     text = '*nat\n:IPVSPX-SERVICES - [0:0]\n-A OUTPUT -m comment --comment "-j IPVSPX-SERVICES" -j DROP\nCOMMIT\n'  # noqa: E501
-    assert parse_save(text).jumps == ()
+    assert parse_save(text, owns=owned).jumps == ()

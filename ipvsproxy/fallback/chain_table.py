@@ -10,7 +10,7 @@ sync therefore costs what changed, not what exists; `ruleset()` is the whole pic
 the damage check of a full observation and for its repair. Each virtual server is rendered
 with its policy (ipvsproxy/policy.py: the node's, and its access, `set_access()`).
 
-Imports: iptables.rules, policy, model, the standard library.
+Imports: fallback.chains, iptables.transaction (Ruleset), policy, model, the standard library.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ipvsproxy.iptables.rules import SERVICES, Piece, Ruleset, fixed, render_service, services_chain
+from ipvsproxy.fallback.chains import SERVICES, Piece, fixed, render_service, services_chain
+from ipvsproxy.iptables.transaction import Ruleset
 from ipvsproxy.model import (
     AddDest,
     AddService,

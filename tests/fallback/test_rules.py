@@ -10,23 +10,24 @@ from ipaddress import ip_address
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.firewall.rules import FORWARD as COMPANION_FORWARD
-from ipvsproxy.firewall.rules import render as firewall_render
-from ipvsproxy.iptables.parse import Saved, parse_save, read_state
-from ipvsproxy.iptables.rules import (
+from ipvsproxy.fallback.chain_reader import read_state
+from ipvsproxy.fallback.chains import (
     FILTER_JUMPS,
     FORWARD,
     JUMPS,
     SERVICES,
-    Ruleset,
     filter_ruleset,
+    owned,
     owned_filter,
     render,
     sanitise,
     sep_chain,
     svc_chain,
 )
-from ipvsproxy.iptables.transaction import damage, removal, transaction
+from ipvsproxy.firewall.rules import FORWARD as COMPANION_FORWARD
+from ipvsproxy.firewall.rules import render as firewall_render
+from ipvsproxy.iptables.parse import Saved, parse_save
+from ipvsproxy.iptables.transaction import Ruleset, damage, removal, transaction
 from ipvsproxy.model import (
     IpvsState,
     Proto,
@@ -116,15 +117,15 @@ def test_what_is_rendered_reads_back_exactly_and_undamaged(state):
     assert seen == names
     for version in (4, 6):
         ruleset = render(state, names, version=version)
-        assert damage(saved_from(ruleset), ruleset) == ()
-        assert transaction(saved_from(ruleset), ruleset) == ""
+        assert damage(saved_from(ruleset), ruleset, jumps=JUMPS) == ()
+        assert transaction(saved_from(ruleset), ruleset, jumps=JUMPS) == ""
 
 
 @settings(deadline=None)
 @given(states(), states())
 def test_a_transaction_touches_only_chains_that_differ(before, after):
     old, new = render(before, {}, version=4), render(after, {}, version=4)
-    payload = transaction(saved_from(old), new)
+    payload = transaction(saved_from(old), new, jumps=JUMPS)
     declared = {line[1:].split()[0] for line in payload.splitlines() if line.startswith(":")}
     differ = {
         c for c in set(old.chains) | set(new.chains) if old.chains.get(c) != new.chains.get(c)
@@ -139,11 +140,11 @@ def test_missing_and_doubled_jumps_are_damage_and_fixed_one_by_one():
     ruleset = render(IpvsState(), {}, version=4)
     prerouting, output, postrouting = JUMPS
     saved = Saved(ruleset.chains, (prerouting, prerouting, postrouting))
-    assert damage(saved, ruleset) == (
+    assert damage(saved, ruleset, jumps=JUMPS) == (
         "2 jumps from PREROUTING where 1 belongs",
         "0 jumps from OUTPUT where 1 belongs",
     )
-    assert transaction(saved, ruleset).splitlines()[1:-1] == [
+    assert transaction(saved, ruleset, jumps=JUMPS).splitlines()[1:-1] == [
         f"-D PREROUTING {prerouting[1]}",
         f"-I OUTPUT 1 {output[1]}",
     ]
@@ -174,7 +175,7 @@ COMMIT
 
 
 def test_parse_keeps_only_our_nat_chains_and_jumps_and_skips_what_it_cannot_read():
-    saved = parse_save(SAVE)
+    saved = parse_save(SAVE, owns=owned)
     empty = "IPVSPX-SVC-EMPTYEMPTYEMPTYE"
     assert set(saved.chains) == {"IPVSPX-SERVICES", empty}  # IPVSPX-X: not a name of ours
     assert saved.chains[empty] == ()
@@ -208,7 +209,7 @@ def test_a_large_load_creates_its_chains_first_out_of_name_order_in_small_transa
         }
     )
     target = render(state, {}, version=4)
-    sections = transaction(Saved(), target).split("COMMIT\n")
+    sections = transaction(Saved(), target, jumps=JUMPS).split("COMMIT\n")
     *creation, main, rest = sections
     assert rest == ""
     created = [line[1:].split()[0] for s in creation for line in s.splitlines()[1:]]
@@ -219,7 +220,7 @@ def test_a_large_load_creates_its_chains_first_out_of_name_order_in_small_transa
     assert all(line.startswith(("*nat", ":")) for s in creation for line in s.splitlines())
     assert {line[1:].split()[0] for line in main.splitlines() if line[:1] == ":"} == set(created)
     small = render(state_of({VirtualServer(KEY): RS}), {}, version=4)
-    assert transaction(Saved(), small).count("COMMIT") == 1
+    assert transaction(Saved(), small, jumps=JUMPS).count("COMMIT") == 1
 
 
 # ---- IPVSPX-FORWARD: the filter table's forwarding chain ---------------------------------

@@ -57,7 +57,7 @@ so an observation reads them back exactly (the contract every backend keeps).
 Comments carry the Service port's name, reduced to characters that cannot end a comment or
 start another option: nothing from an API object reaches the rules otherwise.
 
-Imports: model, policy, schedulers, the standard library.
+Imports: iptables.transaction (Ruleset), model, policy, schedulers, the standard library.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ipvsproxy.iptables.transaction import Ruleset
 from ipvsproxy.model import (
     IPAddress,
     IPNetwork,
@@ -184,13 +185,6 @@ def service_comment(name: str, vs: VirtualServer) -> str:
 
 def dest_comment(name: str, rs: RealServer) -> str:
     return f"{name} weight={rs.weight}"
-
-
-@dataclass(frozen=True, slots=True)
-class Ruleset:
-    """ipvsproxy's chains in one family's nat table: chain -> rule lines (`-A CHAIN ...`)."""
-
-    chains: Mapping[str, tuple[str, ...]]
 
 
 def fixed(node: NodePolicy) -> Mapping[str, tuple[str, ...]]:

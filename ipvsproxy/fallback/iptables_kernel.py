@@ -1,6 +1,6 @@
 """The iptables fallback backend: the `Kernel` interface over `iptables-save`/`-restore`.
 
-Owns: `IptablesKernel`, and how the iptables tools are run (`restore`; host.commands' `Commands`
+Owns: `IptablesKernel` (the tools run through iptables/tools.py; host.commands' `Commands`
 with a prefix such as `ip netns exec NS` runs them in another network namespace). `observe()`
 (the periodic full resync) reads the nat table of each family with `iptables-save`, decodes
 ipvsproxy's chains only and checks them for damage; `apply()` works from what it last wrote or
@@ -15,7 +15,8 @@ an empty one (see `damage()`).
 There are no connection counters here: `connections()` says every destination is idle, so
 a removed endpoint goes at once (conntrack keeps established connections flowing to it).
 
-Imports: iptables.*, kernel, model, policy, schedulers, errors, the standard library.
+Imports: fallback.*, iptables.*, host.commands, kernel, model, policy, schedulers, errors, the
+standard library.
 """
 
 from __future__ import annotations
@@ -23,13 +24,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from ipvsproxy.errors import KernelError, KernelUnavailable, RestoreFailed, Unsupported
+from ipvsproxy.errors import KernelError, KernelUnavailable, Unsupported
+from ipvsproxy.fallback.chain_reader import read_state
+from ipvsproxy.fallback.chain_table import Table
+from ipvsproxy.fallback.chains import (
+    FILTER_JUMPS,
+    JUMPS,
+    filter_ruleset,
+    owned,
+    owned_filter,
+    sanitise,
+)
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration, SavedAt, nf_tables
-from ipvsproxy.iptables.parse import Saved, parse_save, read_state
-from ipvsproxy.iptables.rules import FILTER_JUMPS, Ruleset, filter_ruleset, owned_filter, sanitise
-from ipvsproxy.iptables.table import Table
+from ipvsproxy.iptables.parse import Saved, parse_save
+from ipvsproxy.iptables.tools import TOOLS, restore
 from ipvsproxy.iptables.transaction import (
+    Ruleset,
     blocked,
     conflicts,
     damage,
@@ -58,29 +69,6 @@ from ipvsproxy.policy import DEFAULT_NODE, NodePolicy
 from ipvsproxy.schedulers import IPTABLES_FIDELITY, IptablesFidelity
 
 log = logging.getLogger(__name__)
-
-TOOLS = {4: ("iptables-save", "iptables-restore"), 6: ("ip6tables-save", "ip6tables-restore")}
-# kube-proxy's values: wait up to 5 s for the xtables lock, polling every 100 ms. Without them
-# iptables-legacy's restore fails at once while the kubelet, a CNI plugin or Docker holds the
-# lock. iptables-save takes no -w (1.8.9, legacy and nf_tables: "invalid option"), and needs
-# none: legacy's save only reads, nf_tables has no lock.
-RESTORE_WAIT = ("-w", "5", "-W", "100000")
-
-
-def restore_argv(version: int) -> list[str]:
-    """`iptables-restore` (or ip6tables-) with the xtables lock wait and `--noflush`."""
-    return [TOOLS[version][1], *RESTORE_WAIT, "--noflush"]
-
-
-def restore(commands: Commands, version: int, payload: str) -> None:
-    """One `iptables-restore --noflush` run of `payload`; RestoreFailed (its IP version
-    named, for the metric) when it fails, KernelUnavailable without the tool."""
-    try:
-        commands.run(restore_argv(version), stdin=payload)
-    except KernelUnavailable:
-        raise
-    except KernelError as exc:
-        raise RestoreFailed(str(exc), version=version) from exc
 
 
 class IptablesKernel:
@@ -130,7 +118,9 @@ class IptablesKernel:
         compare them with what that state renders to, with `access`: the periodic full
         resync."""
         texts = self._saves()
-        saved = {version: parse_save(texts[version, "nat"]) for version in self._families}
+        saved = {
+            version: parse_save(texts[version, "nat"], owns=owned) for version in self._families
+        }
         self._observe_forward(texts)
         last = self._table
         if last is not None and access:  # an access changed without an operation
@@ -138,9 +128,11 @@ class IptablesKernel:
         if last is not None:
             for version, seen in saved.items():
                 self._conflict(version, seen, last.ruleset(version))
-        if last is not None and not any(damage(saved[v], last.ruleset(v)) for v in saved):
+        if last is not None and not any(
+            damage(saved[v], last.ruleset(v), jumps=JUMPS) for v in saved
+        ):
             # The chains are exactly what the last state renders to, and rendering reads
-            # back exactly (tests/iptables): no need to decode or render them again.
+            # back exactly (tests/fallback): no need to decode or render them again.
             self._repair, self._damage = {}, ()
             return last.state()
         states = [read_state(s) for s in saved.values()]
@@ -153,7 +145,7 @@ class IptablesKernel:
         table = Table(state, names, access=access, node=self.node)
         for version in self._families:
             self._conflict(version, saved[version], table.ruleset(version))
-        found = {v: damage(saved[v], table.ruleset(v)) for v in self._families}
+        found = {v: damage(saved[v], table.ruleset(v), jumps=JUMPS) for v in self._families}
         self._table = table
         self._repair = {v: saved[v] for v in self._families if found[v]}
         self._damage = tuple(f"IPv{v}: {problem}" for v in self._families for problem in found[v])
@@ -262,9 +254,9 @@ class IptablesKernel:
         for version in self._families:
             whole = version in self._repair
             if whole:
-                payload = transaction(self._repair[version], table.ruleset(version))
+                payload = transaction(self._repair[version], table.ruleset(version), jumps=JUMPS)
             else:
-                payload = patch(changes.get(version, {}))
+                payload = patch(changes.get(version, {}), jumps=JUMPS)
             try:
                 if payload:
                     self._write(version, payload, table, whole=whole)
@@ -292,12 +284,12 @@ class IptablesKernel:
         except KernelError:
             if whole or "\n-X " not in payload:
                 raise
-            saved = parse_save(self._save(version))
+            saved = parse_save(self._save(version), owns=owned)
             wanted = table.ruleset(version)
             if not blocked(saved, wanted):
                 raise
             self._conflict(version, saved, wanted)
-            payload = transaction(saved, wanted)
+            payload = transaction(saved, wanted, jumps=JUMPS)
             if payload:
                 self._restore(version, payload)
 
@@ -317,7 +309,7 @@ class IptablesKernel:
         what was (or, with dry_run, would be) removed, in words."""
         removed: list[str] = []
         for version in self._families:
-            saved = parse_save(self._save(version))
+            saved = parse_save(self._save(version), owns=owned)
             removed += [f"IPv{version} nat: rule -A {c} {spec}" for c, spec in saved.jumps]
             removed += [f"IPv{version} nat: chain {c}" for c in sorted(saved.chains)]
             payload = removal(saved)
