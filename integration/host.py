@@ -64,7 +64,7 @@ def clean_ipvs(device: str = "kube-ipvs0") -> None:
     from ipvsproxy.fallback import chains as fallback_rules
     from ipvsproxy.firewall import rules as firewall_rules
     from ipvsproxy.firewall import sets as firewall_sets
-    from ipvsproxy.firewall.kernel import Firewall
+    from ipvsproxy.firewall.host_firewall import Firewall
 
     services = Path("/proc/net/ip_vs").read_text().splitlines()[3:]  # after 3 header lines
     if services:

@@ -34,7 +34,7 @@ from typing import Any
 
 from integration.host import clean_ipvs, skip_unless_ci
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.set_reader import SetReader
 from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.host.commands import Commands

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.fallback import IptablesKernel
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.kube_proxy import NodePort, adopted
 from ipvsproxy.firewall.set_reader import SetReader
 from ipvsproxy.firewall.set_writer import SetWriter
@@ -213,7 +213,7 @@ class FailClosed:
 def prepare(backend: Backend, config: Config) -> None:
     """What the backend needs of the node before its first sync: `prepare_node()`'s kernel
     settings, and IPVS's connection timeouts."""
-    from ipvsproxy.netlink.kernel import NetlinkKernel
+    from ipvsproxy.netlink.ipvs_kernel import NetlinkKernel
 
     for line in prepare_node(config, ipvs=backend.name == IPVS).changed:
         log.info("%s", line)

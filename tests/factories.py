@@ -1,7 +1,7 @@
 """Raw Kubernetes objects as the API serves them, for table-driven tests; their translation
 from scratch (`from_objects`, `desired_from_manifests`, `desired_state`: every Service into a
 fresh `DesiredIndex`, the oracle the incremental path is checked against; the product only
-translates incrementally, sync/index.py); the IPVS tables the tests expect (`V`, `R`, `S`,
+translates incrementally, sync/desired_index.py); the IPVS tables the tests expect (`V`, `R`, `S`,
 `state_of`, a web Service's endpoints on this node and the other), and the ownership of the
 tests' Service CIDRs (`OWN`).
 
@@ -31,7 +31,7 @@ from ipvsproxy.model import (
 )
 from ipvsproxy.schedulers import Scheduler
 from ipvsproxy.sync.desired import Desired, node_warnings, translate_service
-from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.ownership import Ownership
 
 

@@ -14,7 +14,7 @@ from ipvsproxy import backends
 from ipvsproxy.backends import FirewallUnavailable, _firewall
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.host.commands import Commands
 
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ipvsproxy.agent_loop import AgentLoop
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.metrics import Metrics
 from ipvsproxy.proxier import Proxier

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker

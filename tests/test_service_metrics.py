@@ -236,7 +236,7 @@ def test_the_iptables_fallback_exports_none_and_reads_nothing(caplog):
 def test_ipvs_traffic_is_read_on_a_kernel_connection_of_its_own(monkeypatch):
     """A generic-netlink connection of its own that opens nothing else (no dummy device,
     no address-event subscription left unread)."""
-    from ipvsproxy.netlink import kernel as netlink_kernel
+    from ipvsproxy.netlink import ipvs_kernel as netlink_kernel
 
     opened: list[str] = []
 

@@ -33,8 +33,8 @@ from integration.lab import (
     sh,
     two_nodes,
 )
-from ipvsproxy.firewall.index import SetIndex
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
+from ipvsproxy.firewall.set_index import SetIndex
 from ipvsproxy.firewall.sets import wanted
 from tests.factories import from_objects, port, service
 

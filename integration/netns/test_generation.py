@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from integration.lab import inside
-from ipvsproxy.firewall.kernel import Firewall, Observed, plan_firewall
+from ipvsproxy.firewall.host_firewall import Firewall, Observed, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.host.commands import Commands

@@ -15,10 +15,10 @@ import pytest
 
 from integration.lab import inside
 from ipvsproxy.errors import KernelError
-from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.host_firewall import Firewall, plan_firewall
 from ipvsproxy.firewall.ipset import SetChange, SetCommand, ipset_script, set_commands
-from ipvsproxy.firewall.kernel import Firewall, plan_firewall
 from ipvsproxy.firewall.rules import Options
+from ipvsproxy.firewall.set_index import SetIndex
 from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.host.commands import Commands

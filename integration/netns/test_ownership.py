@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from integration.lab import IPVSPROXY
-from ipvsproxy.firewall.kernel import Firewall, plan_firewall
+from ipvsproxy.firewall.host_firewall import Firewall, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.host.commands import Commands

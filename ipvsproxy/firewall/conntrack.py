@@ -19,7 +19,7 @@ process, `conntrack -R -` (conntrack-tools >= 1.4.6; Debian bookworm has 1.4.7),
 reads one `-D ...` command per line from stdin; a line that matches no flow is not an error
 there.
 
-Imports: iptables (Commands), model, errors.
+Imports: host.commands (Commands), model, errors.
 """
 
 from __future__ import annotations

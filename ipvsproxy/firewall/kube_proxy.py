@@ -10,7 +10,7 @@ server on a node address whose port they list is kube-proxy's, made for a Servic
 ipvsproxy's to take over or delete (sync/ownership.py), proven by kube-proxy's own record
 rather than by the port falling inside the NodePort range.
 
-Imports: iptables (Commands), model, errors.
+Imports: host.commands (Commands), model, errors.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Owns: the set names (all `IPVSPROXY-*`, `-6` for IPv6), their types, `entries_for()` (the
 entries one virtual server contributes) and `wanted()` (their union over the IPVS state), spelt
 as `ipset save` prints them, so wanted and observed sets compare as text. The full path
-(`wanted()`) and the incremental one (`firewall.index.SetIndex`, fed per virtual server) are
+(`wanted()`) and the incremental one (`firewall.set_index.SetIndex`, fed per virtual server) are
 both built on `entries_for()`, so they agree by construction. The rules stay constant; only
 these entries grow with the number of Services.
 

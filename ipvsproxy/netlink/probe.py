@@ -16,7 +16,7 @@ from ipvsproxy.errors import AlreadyExists, KernelError
 from ipvsproxy.model import AddService, DeleteService, Proto, VirtualServer, VSKey
 from ipvsproxy.netlink import codec
 from ipvsproxy.netlink.genl import GenlSocket
-from ipvsproxy.netlink.kernel import to_error
+from ipvsproxy.netlink.ipvs_kernel import to_error
 from ipvsproxy.schedulers import Scheduler
 
 PROBE_KEY = VSKey(ip_address("198.51.100.0"), 20000, Proto.TCP)

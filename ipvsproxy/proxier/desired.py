@@ -26,7 +26,7 @@ from ipvsproxy.sync.desired import (
     node_warnings,
     translate_service,
 )
-from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.tracker import Changes
 
 log = logging.getLogger("ipvsproxy.sync")

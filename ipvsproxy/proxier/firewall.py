@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, RestoreFailed
 from ipvsproxy.firewall.conntrack import forget_udp
-from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.host_firewall import Firewall, FirewallPlan, Observed, plan_firewall
 from ipvsproxy.firewall.ipset import host_after
-from ipvsproxy.firewall.kernel import Firewall, FirewallPlan, Observed, plan_firewall
 from ipvsproxy.firewall.kube_proxy import read_adopted
+from ipvsproxy.firewall.set_index import SetIndex
 from ipvsproxy.firewall.sets import is_record, record_of
 from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.kernel import ApplyReport

@@ -20,16 +20,16 @@ from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.kernel import Firewall, Observed
+from ipvsproxy.firewall.host_firewall import Firewall, Observed
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
 from ipvsproxy.proxier.desired import DesiredStep
 from ipvsproxy.proxier.firewall import FirewallStep, Written
 from ipvsproxy.proxier.ipvs import IpvsStep, KnownTable
 from ipvsproxy.proxier.plan import PassPlan, PassResult
+from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.failures import Failing, Refusals
-from ipvsproxy.sync.index import DesiredIndex
 from ipvsproxy.sync.ownership import Ownership, ownership_for
 from ipvsproxy.sync.slowstart import SlowStart
 from ipvsproxy.sync.tracker import Changes

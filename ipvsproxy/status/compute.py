@@ -23,7 +23,7 @@ from ipvsproxy.model import RSKey, VSKey, part_of
 from ipvsproxy.proxier import PassPlan, Proxier, Snapshot
 from ipvsproxy.status.document import MAX_PORTS, Observed, Selector
 from ipvsproxy.sync.desired import Explanation, explain_service
-from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.slowstart import Ramp
 from ipvsproxy.traffic import Sample, TrafficReader, rates
 

@@ -9,8 +9,8 @@ import logging
 
 from ipvsproxy.fallback import IptablesKernel
 from ipvsproxy.fallback.chains import owned, svc_chain
+from ipvsproxy.firewall.host_firewall import Firewall, plan_firewall
 from ipvsproxy.firewall.ipset import parse_ipset_save, parse_names
-from ipvsproxy.firewall.kernel import Firewall, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.iptables.parse import parse_save, target, tokens
@@ -85,7 +85,7 @@ def test_the_firewall_claims_only_its_exact_chain_and_set_names():
     assert "IPVSPROXY-X" not in chains[4, "nat"].chains
     assert "IPVSPROXY-FILTERS" not in chains[4, "filter"].chains
     assert chains[4, "nat"].jumps == ()
-    from ipvsproxy.firewall.kernel import Observed
+    from ipvsproxy.firewall.host_firewall import Observed
 
     wanted = SetState({})
     planned = plan_firewall(wanted, Observed(SetState({}), chains), Options(), (4,))

@@ -8,7 +8,7 @@ from ipaddress import ip_address
 
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.conntrack import deletions, forget_udp, udp_first_endpoint, udp_gone
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.model import (
     AddDest,
     AddService,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ipaddress import ip_address
 
+from ipvsproxy.firewall.host_firewall import Observed, plan_firewall
 from ipvsproxy.firewall.ipset import (
     DEFAULT_MAXELEM,
     SetChange,
@@ -14,7 +15,6 @@ from ipvsproxy.firewall.ipset import (
     maxelem_for,
     too_small,
 )
-from ipvsproxy.firewall.kernel import Observed, plan_firewall
 from ipvsproxy.firewall.rules import Options
 from ipvsproxy.firewall.sets import SetState, wanted
 from ipvsproxy.model import (

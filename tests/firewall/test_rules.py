@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ipaddress import ip_network
 
-from ipvsproxy.firewall.kernel import JUMPS, Observed, plan_firewall
+from ipvsproxy.firewall.host_firewall import JUMPS, Observed, plan_firewall
 from ipvsproxy.firewall.rules import FORWARD, OUTPUT, OWNED, SERVICES, LocalMode, Options, render
 from ipvsproxy.firewall.sets import SetState
 from ipvsproxy.iptables.parse import Saved, parse_save

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.host_firewall import Firewall, FirewallPlan
 from ipvsproxy.firewall.ipset import SetChange, SetCommand, set_commands
-from ipvsproxy.firewall.kernel import Firewall, FirewallPlan
 from ipvsproxy.firewall.set_reader import _attrs
 from ipvsproxy.firewall.set_writer import ADT_BYTES, SetWriter, encode_entry
 

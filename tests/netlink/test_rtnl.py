@@ -21,7 +21,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from ipvsproxy.errors import AlreadyExists, KernelError, KernelUnavailable, NotFound, Unsupported
 from ipvsproxy.model import BindAddress, IPAddress, UnbindAddress
 from ipvsproxy.netlink import codec, rtnl
-from ipvsproxy.netlink.kernel import NetlinkKernel
+from ipvsproxy.netlink.ipvs_kernel import NetlinkKernel
 from ipvsproxy.netlink.links import DummyDevice
 from ipvsproxy.netlink.rtnl import RtnlSocket
 from tests.support import ScriptedKernel, error

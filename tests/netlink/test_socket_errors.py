@@ -30,9 +30,9 @@ from ipvsproxy.model import (
     VSKey,
 )
 from ipvsproxy.netlink import codec
-from ipvsproxy.netlink import kernel as kernel_module
+from ipvsproxy.netlink import ipvs_kernel as kernel_module
 from ipvsproxy.netlink.genl import GenlSocket
-from ipvsproxy.netlink.kernel import NetlinkKernel
+from ipvsproxy.netlink.ipvs_kernel import NetlinkKernel
 from ipvsproxy.netlink.links import DummyDevice
 from ipvsproxy.netlink.rtnl import RtnlSocket
 

@@ -17,7 +17,7 @@ from ipaddress import ip_address
 from ipvsproxy.api import parse_objects
 from ipvsproxy.config import Config
 from ipvsproxy.sync.desired import TrafficPolicy, translate_service
-from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.desired_index import DesiredIndex
 from tests.factories import (
     BOTH,
     LOCAL,

@@ -19,7 +19,7 @@ from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
 from ipvsproxy.config import Config
 from ipvsproxy.model import DeleteService, IpvsState
 from ipvsproxy.proxier import Proxier
-from ipvsproxy.sync.index import DesiredIndex
+from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
 from tests.factories import desired_state, node, parse_node, parse_service

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ipvsproxy.api import EndpointSliceView, NodeView, ServiceView
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.sets import wanted
 from ipvsproxy.model import DeleteService, IpvsState
 from ipvsproxy.proxier import Proxier

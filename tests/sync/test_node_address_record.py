@@ -14,7 +14,7 @@ from typing import Any
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.fallback import IptablesKernel
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.sets import SetState, record_of, recorded
 from ipvsproxy.model import AddService, DeleteService, IpvsState, Proto, VirtualServer, VSKey
 from ipvsproxy.proxier import Proxier

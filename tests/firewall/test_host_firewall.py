@@ -1,4 +1,4 @@
-"""The firewall (firewall/kernel.py) and its pure core: set entries, constant rules, plans,
+"""The firewall (firewall/host_firewall.py) and its pure core: set entries, constant rules, plans,
 ipset scripts, the order of its writes, and how it observes and writes the sets (by name,
 in as few processes as possible, or over netlink)."""
 
@@ -10,9 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.index import SetIndex
-from ipvsproxy.firewall.ipset import SetCommand
-from ipvsproxy.firewall.kernel import (
+from ipvsproxy.firewall.host_firewall import (
     BULK,
     JUMPS,
     Firewall,
@@ -22,7 +20,9 @@ from ipvsproxy.firewall.kernel import (
     parse_ipset_save,
     plan_firewall,
 )
+from ipvsproxy.firewall.ipset import SetCommand
 from ipvsproxy.firewall.rules import LocalMode, Options, render
+from ipvsproxy.firewall.set_index import SetIndex
 from ipvsproxy.firewall.sets import SetState, all_sets, entries_for, wanted
 from ipvsproxy.iptables.parse import Saved
 from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey
@@ -222,7 +222,7 @@ def test_a_sync_that_removes_udp_endpoints_deletes_their_conntrack_flows():
 def test_the_firewall_restores_wait_for_the_xtables_lock():
     """Every `iptables-restore` the firewall runs (apply and cleanup) waits for the lock
     as kube-proxy's does: `-w 5 -W 100000`."""
-    from ipvsproxy.firewall.kernel import Firewall, FirewallPlan
+    from ipvsproxy.firewall.host_firewall import Firewall, FirewallPlan
 
     commands = RecordingCommands()
     firewall = Firewall(commands=commands)  # type: ignore[arg-type]
@@ -271,7 +271,7 @@ def _plan_on(observed: Observed) -> FirewallPlan:
 def test_sets_are_created_and_filled_before_the_rules_that_match_them():
     """On a fresh host and on one holding any of ours alike: no rule ever matches a set
     that is missing or not yet filled."""
-    from ipvsproxy.firewall.kernel import Firewall
+    from ipvsproxy.firewall.host_firewall import Firewall
 
     fresh = _plan_on(Observed(SetState({}), {}))
     one_set = fresh.sets[0]

@@ -9,13 +9,13 @@ from ipaddress import ip_address
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.firewall.index import SetIndex
+from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.ipset import (
     SetChange,
     ipset_script,
     maxelem_for,
 )
-from ipvsproxy.firewall.kernel import Firewall
+from ipvsproxy.firewall.set_index import SetIndex
 from ipvsproxy.firewall.sets import SetState, entries_for, wanted
 from ipvsproxy.model import (
     IPAddress,

@@ -19,8 +19,8 @@ atomically, so no packet ever sees it half-filled. `cleanup` removes the rules b
 sets they reference.
 
 Imports: firewall.sets, firewall.ipset, firewall.set_reader, firewall.set_writer,
-firewall.rules, iptables (its parser, transaction and Commands), errors, the
-standard library.
+firewall.rules, iptables (its generation cache, parser, tools and transaction), host.commands,
+errors, the standard library.
 """
 
 from __future__ import annotations
