@@ -14,17 +14,17 @@ A pass is full or partial:
   proxier applied (`KnownTable`). Nothing is read from the kernel but the draining servers'
   connection counts, so a partial pass costs what changed, not what exists.
 
-A pass is made of steps, each with its own state: the desired state (desired.py), the IPVS
-table (ipvs.py), the firewall (firewall.py); passes.py composes them in their safe order.
-The values they hand each other are in plan.py; what a pass leaves for other threads to read
-(`status`) is a `Snapshot` (snapshot.py).
+A pass is made of steps, each with its own state: the desired state (desired_step.py), the
+IPVS table (ipvs_step.py), the firewall (firewall_step.py); passes.py composes them in their
+safe order. The values they hand each other are in pass_plan.py; what a pass leaves for other
+threads to read (`status`) is a `Snapshot` (snapshot.py).
 
 Imports: firewall, sync.*, kernel, model, policy, config, api, errors.
 """
 
-from ipvsproxy.proxier.ipvs import KnownTable
+from ipvsproxy.proxier.ipvs_step import KnownTable
+from ipvsproxy.proxier.pass_plan import PassPlan, PassResult, touched
 from ipvsproxy.proxier.passes import Proxier
-from ipvsproxy.proxier.plan import PassPlan, PassResult, touched
 from ipvsproxy.proxier.snapshot import Snapshot, snapshot_of
 
 __all__ = ["KnownTable", "PassPlan", "PassResult", "Proxier", "Snapshot", "snapshot_of", "touched"]

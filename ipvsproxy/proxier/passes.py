@@ -1,7 +1,8 @@
 """The pass: its three steps composed in their safe order.
 
-Owns `Proxier`. Each step keeps its own state (proxier/desired.py, ipvs.py, firewall.py);
-the pass only decides the order and hands each step what the one before made:
+Owns `Proxier`. Each step keeps its own state (proxier/desired_step.py, ipvs_step.py,
+firewall_step.py); the pass only decides the order and hands each step what the one before
+made:
 
 1. **desired** (`DesiredStep.feed`): the changed Services translated into the index;
 2. **observe** (full passes only): the IPVS table and, with a firewall, its sets and chains;
@@ -23,10 +24,10 @@ from ipvsproxy.config import Config
 from ipvsproxy.firewall.host_firewall import Firewall, Observed
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
-from ipvsproxy.proxier.desired import DesiredStep
-from ipvsproxy.proxier.firewall import FirewallStep, Written
-from ipvsproxy.proxier.ipvs import IpvsStep, KnownTable
-from ipvsproxy.proxier.plan import PassPlan, PassResult
+from ipvsproxy.proxier.desired_step import DesiredStep
+from ipvsproxy.proxier.firewall_step import FirewallStep, Written
+from ipvsproxy.proxier.ipvs_step import IpvsStep, KnownTable
+from ipvsproxy.proxier.pass_plan import PassPlan, PassResult
 from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.failures import Failing, Refusals

@@ -6,7 +6,7 @@ the index's published origins, tuples), so `status` reads the latest one without
 without waiting for a pass in progress, and never plans: what the node still lacks is what
 the pass could not do (`undone`), not a second plan against live state.
 
-Imports: proxier (ipvs, passes), sync (slow start), model, api.
+Imports: proxier (ipvs_step, passes), sync (slow start), model, api.
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def _sharing(view: EndpointSliceView, old: EndpointSliceView) -> EndpointSliceVi
     """The new version of a slice with the old version's endpoint objects where they are
     equal: a rollout step changes one endpoint of many, and the others (their addresses
     also held by the desired and the kernel's tables) stay one object each, so memory does
-    not grow with every slice ever touched (proxier/desired.py `_reusing` does the same for the
+    not grow with every slice ever touched (proxier/desired_step.py `_reusing` does the same for the
     destinations)."""
     held = {ep: ep for ep in old.endpoints}
     endpoints = tuple(held.get(ep, ep) for ep in view.endpoints)

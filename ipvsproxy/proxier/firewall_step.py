@@ -26,7 +26,7 @@ from ipvsproxy.firewall.sets import recorded as recorded_by
 from ipvsproxy.kernel import ApplyReport
 from ipvsproxy.model import DeleteService, IPAddress, IPNetwork, VSKey
 from ipvsproxy.policy import node_policy
-from ipvsproxy.proxier.plan import PassPlan, UdpFlows, touched
+from ipvsproxy.proxier.pass_plan import PassPlan, UdpFlows, touched
 from ipvsproxy.sync.desired import Access, Desired
 
 log = logging.getLogger("ipvsproxy.sync")

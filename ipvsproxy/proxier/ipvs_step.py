@@ -36,7 +36,7 @@ from ipvsproxy.model import (
     VSKey,
     part_of,
 )
-from ipvsproxy.proxier.plan import PassPlan, UdpFlows, touched
+from ipvsproxy.proxier.pass_plan import PassPlan, UdpFlows, touched
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.failures import Failing, Refusals
 from ipvsproxy.sync.ipvs_pass import IpvsPlan, IpvsResult, apply_pass, plan_pass
