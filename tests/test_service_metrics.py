@@ -236,7 +236,7 @@ def test_the_iptables_fallback_exports_none_and_reads_nothing(caplog):
 def test_ipvs_traffic_is_read_on_a_kernel_connection_of_its_own(monkeypatch):
     """A generic-netlink connection of its own that opens nothing else (no dummy device,
     no address-event subscription left unread)."""
-    from ipvsproxy.netlink import ipvs_kernel as netlink_kernel
+    from ipvsproxy.netlink import ipvs_kernel
 
     opened: list[str] = []
 
@@ -244,10 +244,10 @@ def test_ipvs_traffic_is_read_on_a_kernel_connection_of_its_own(monkeypatch):
         def __init__(self) -> None:
             opened.append("genl")
 
-    monkeypatch.setattr(netlink_kernel, "GenlSocket", Genl)
-    monkeypatch.setattr(netlink_kernel, "DummyDevice", lambda name: opened.append(name))
+    monkeypatch.setattr(ipvs_kernel, "GenlSocket", Genl)
+    monkeypatch.setattr(ipvs_kernel, "DummyDevice", lambda name: opened.append(name))
     reader = backends.traffic_kernel(Backend(FakeKernel(), IPVS, "test"))
-    assert isinstance(reader, netlink_kernel.CounterReader)
+    assert isinstance(reader, ipvs_kernel.CounterReader)
     assert opened == ["genl"]
 
 

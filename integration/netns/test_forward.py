@@ -43,7 +43,7 @@ PODS = Config(
     cluster_cidrs=(ip_network("10.244.0.0/16"),),  # the client (10.250.1.2) is outside it
     detect_local_mode="ClusterCIDR",
 )
-# IptablesKernel wires IPVSPX-FORWARD into its observe/apply/cleanup (fallback/iptables_kernel.py)
+# IptablesKernel wires IPVSPX-FORWARD into its observe/apply/cleanup (fallback/backend.py)
 WIRED = hasattr(IptablesKernel, "_observe_forward")
 
 
