@@ -129,11 +129,12 @@ class Unlistable(Transient):
     or go)."""
 
 
-# The generated CoreV1Api and DiscoveryV1Api classes are not used: importing CoreV1Api alone
-# costs 1.8 s natively (413 pydantic-validated methods, schemas built on first call) on every
-# agent start, for two GET paths, and they build model objects ipvsproxy never reads. The requests
-# are the ones those methods make (kubeclient.Client: the generated client's HTTP layer with
-# the Configuration's authentication, as ApiClient's param_serialize/call_api send them).
+# The generated CoreV1Api and DiscoveryV1Api classes are not used: importing CoreV1Api alone costs
+# seconds of every agent start (hundreds of validated methods, schemas built on first call;
+# bench/startup.py times a start), for two GET paths, and they build model objects ipvsproxy never
+# reads. The requests are the ones those methods make (kubeclient.Client: the generated client's
+# HTTP layer with the Configuration's authentication, as ApiClient's param_serialize/call_api send
+# them).
 _PATHS = {
     SERVICE: "/api/v1/services",
     SLICE: "/apis/discovery.k8s.io/v1/endpointslices",

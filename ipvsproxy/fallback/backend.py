@@ -164,7 +164,8 @@ class IptablesKernel:
     def _saves(self) -> dict[tuple[int, str], str]:
         """`iptables-save` of each family's nat and filter tables, unless nf_tables says no
         rule anywhere changed since the last saves (iptables/generation.py: an idle resync
-        then runs no process; 1000 Services x 10 natively: the saves were most of it)."""
+        then runs no process; the saves were most of an idle resync's cost: docs/performance.md,
+        "nf_tables generation check")."""
         generation = None
         if not self._commands.prefix:
             reader = RulesetGeneration.open()

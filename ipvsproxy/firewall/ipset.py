@@ -10,11 +10,10 @@ capacity gets too small is rebuilt bigger as a temporary set swapped in (swap ta
 the same type and family, whatever their sizes).
 
 Writes spell protocols by number (`10.244.1.2,6:8080,10.244.1.2`; `ipset save` still prints
-`tcp:8080`): the ipset tool resolves a protocol name with getprotobyname(), which opens and
-reads /etc/protocols for every entry: numbers make 4x fewer system calls per entry, which
-matters on a node whose root filesystem is slow (a network or overlay filesystem) and at
-12,000 entries (1000 Services x 10 endpoints), where names could outlast the 60 s limit of
-`Commands`.
+`tcp:8080`): the ipset tool resolves a protocol name with getprotobyname(), which opens and reads
+/etc/protocols for every entry: numbers make several times fewer system calls per entry, which
+matters on a node whose root filesystem is slow (a network or overlay filesystem) and at 12,000
+entries (1000 Services x 10 endpoints), where names could outlast the 60 s limit of `Commands`.
 
 Imports: firewall.sets, the standard library.
 """

@@ -134,8 +134,8 @@ CREATE_BATCH = 500  # chains created per transaction ahead of a large load
 def _creation(new: list[str], *, table: str) -> list[str]:
     """Many new chains are first created empty, in an order unrelated to their names, in
     transactions of CREATE_BATCH: iptables-nft 1.8.9 reads back chains created in name
-    order (as `_load_order()` would create them) 20x slower (`iptables-save`: 1.0 s instead
-    of 0.05 s of CPU for 11,000 chains, measured), and each transaction's sorted list of
+    order (as `_load_order()` would create them) an order of magnitude slower (every
+    `iptables-save` of a large ruleset pays it), and each transaction's sorted list of
     names stays short. Not atomic, and harmless: empty chains nothing jumps to yet; if the
     load that follows fails, the next observe() reports them and the apply after deletes
     them. A small change (fewer than CREATE_BATCH // 2 new chains) skips this."""

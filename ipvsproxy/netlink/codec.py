@@ -256,8 +256,9 @@ class Run:
     """A run of fixed-size attributes of one space, in one nest, compiled from the table into
     one `struct`: `pack(*values)` lays out the nest's header and each attribute's header,
     value and padding in one call. The messages a sync sends by the ten thousand (a
-    destination, a service's key) are such runs; encoding one attribute at a time with
-    `pack` costs 8.6 us a message natively (0.95 s of a first sync at 10,000x10), a run 1 us.
+    destination, a service's key) are such runs; encoding them one attribute at a time
+    costs several times as much (the figure: docs/performance.md, "What each kept
+    optimisation buys", measured by bench/kept.py).
     An address is given as its packed bytes, a big-endian field as an int."""
 
     def __init__(
@@ -486,8 +487,8 @@ def decode_dest(payload: memoryview, service_af: int) -> tuple[RealServer, int, 
 
     An idle resync decodes every destination of the table (100,000 at 10,000 Services x 10,
     every sync period): laid out as the kernel writes them, in one struct (`Run.unpack`),
-    2.1 us a destination natively instead of 9.5 us attribute by attribute
-    (docs/performance.md); any other layout, attribute by attribute."""
+    several times cheaper than attribute by attribute (docs/performance.md, "What each kept
+    optimisation buys"); any other layout, attribute by attribute."""
     run = _DUMPED_DEST_RUN.unpack(payload, _GENLHDR.size)
     if run is not None:
         addr, port, fwd, weight, _, _, _, upper, lower, active, inactive, _, af = run

@@ -3,7 +3,7 @@ the few link requests the dummy device needs (look up by name, create, delete).
 
 Why not pyroute2 here: it sends one RTM_NEWADDR/RTM_DELADDR and waits for its ack per
 address, and builds each through its request filters; a cluster of 1000 Services binds 1000
-VIPs, here in one batch (about 100x fewer round trips and Python calls: bench/ipvs_sync.py
+VIPs, here in one batch (one round trip instead of one per address: bench/ipvs_sync.py
 --only-vips compares the two).
 
 The messages are exactly pyroute2's `addr("add"/"del", index=..., address=...,
