@@ -11,8 +11,12 @@ A field left at its zero value (null, "", 0, 0s, false), as kubeadm's file leave
 unset: the option keeps its default. Fields with no meaning here (another proxy mode's,
 profiling, client rate limits, ...) are named in one warning when set to anything but
 their zero value or kube-proxy's default; a field kube-proxy does not know is an error, as
-kube-proxy's strict decoding makes it one, and so is a `mode` other than ipvs. kube-proxy's
-flags with no meaning here (`IGNORED_FLAGS`) are warned of by the same rule.
+kube-proxy's strict decoding makes it one. `mode` is kube-proxy's (the file is the one
+kube-proxy reads while a cluster moves node by node, docs/migration.md): any mode of
+kube-proxy on Linux is accepted, and ipvsproxy serves the node with IPVS whatever it says;
+in nftables mode the masquerade fields are read from the `nftables` section, as kube-proxy
+reads them in that mode. kube-proxy's flags with no meaning here (`IGNORED_FLAGS`) are
+warned of by the same rule.
 
 The file is read as a manifest file is (manifests.read_bytes, manifests.parse): a regular
 file only, its size, documents, aliases and nesting bounded, any YAML or JSON a ConfigError
@@ -116,6 +120,19 @@ IGNORED_FLAGS: dict[str, tuple[object, ...]] = {
     "log-json-split-stream": (),
     "log-json-info-buffer-size": ("0",),
 }
+# nftables mode: kube-proxy reads masqueradeAll and masqueradeBit from the nftables section
+_IPTABLES_MASQ = {("iptables", "masqueradeAll"): (), ("iptables", "masqueradeBit"): (14,)}
+_NFTABLES_MASQ = {("nftables", "masqueradeAll"): "masquerade_all",
+                  ("nftables", "masqueradeBit"): "masquerade_bit"}  # fmt: skip
+MODE_FIELDS: dict[str, tuple[dict[tuple[str, str], str], dict[tuple[str, str], tuple[object, ...]]]]
+MODE_FIELDS = {
+    "nftables": (
+        {k: v for k, v in MEANINGFUL.items() if k not in _IPTABLES_MASQ} | _NFTABLES_MASQ,
+        {k: v for k, v in IGNORED.items() if k not in _NFTABLES_MASQ} | _IPTABLES_MASQ,
+    ),
+}
+# kube-proxy's modes on Linux ("" is iptables mode, kubeadm's default)
+KUBE_PROXY_MODES = ("", "ipvs", "iptables", "nftables")
 SECTIONS = {"clientConnection", "conntrack", "detectLocal", "ipvs", "iptables", "logging",
             "nftables", "winkernel"}  # fmt: skip
 TOP = {"apiVersion", "kind", "mode"} | SECTIONS
@@ -154,22 +171,26 @@ def parse(doc: object) -> Loaded:
             f"{API_VERSION} {KIND}"
         )
     mode = doc.get("mode") or ""
-    if mode not in ("", "ipvs"):
-        raise ConfigError(f"field mode: {mode!r}: ipvsproxy is an IPVS proxy (mode ipvs, or empty)")
+    if mode not in KUBE_PROXY_MODES:
+        raise ConfigError(
+            f"field mode: {escape(repr(mode))}: not a mode of kube-proxy on Linux (ipvs, "
+            "iptables, nftables, or empty); ipvsproxy serves the node with IPVS whatever it says"
+        )
+    meaningful, ignored_fields = MODE_FIELDS.get(mode, (MEANINGFUL, IGNORED))
     values: dict[str, object] = {}
     ignored: list[str] = []
     origins: dict[str, str] = {}
     for section, fields in _fields(doc):
         for name, value in fields.items():
             where = f"{section}.{name}" if section else name
-            option = MEANINGFUL.get((section, name))
+            option = meaningful.get((section, name))
             if option is not None:
                 converted = _value(option, value, where)
                 if converted is not None:
                     values[option] = converted
                     origins[option] = where
-            elif (section, name) in IGNORED or section == "winkernel":
-                if meaningless(value, IGNORED.get((section, name), ())):
+            elif (section, name) in ignored_fields or section == "winkernel":
+                if meaningless(value, ignored_fields.get((section, name), ())):
                     ignored.append(where)
             else:
                 raise ConfigError(  # the name is the file's: a newline in it stays one line

@@ -142,7 +142,7 @@ def test_v_4_logs_at_debug_level(monkeypatch):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"mode": "iptables"}, "field mode: 'iptables': ipvsproxy is an IPVS proxy"),
+        ({"mode": "kernelspace"}, "field mode: 'kernelspace': not a mode of kube-proxy on Linux"),
         ({"kind": "KubeletConfiguration"}, "expected kubeproxy.config.k8s.io/v1alpha1"),
         ({"ipvs": {"schedular": "rr"}}, "field ipvs.schedular: unknown field"),
         ({"nodePortAdresses": []}, "field nodePortAdresses: unknown field"),
@@ -186,6 +186,28 @@ def test_a_bad_file_is_one_clear_error_naming_the_file_and_the_field(tmp_path, c
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("mode", ["", "ipvs", "iptables", "nftables"])
+def test_kube_proxys_file_in_any_of_its_modes_is_read(tmp_path, mode):
+    """The overlays read kube-proxy's own ConfigMap while a cluster moves node by node, so
+    its mode is kube-proxy's (kubeadm's file says iptables mode as ""): each is accepted,
+    and the node is served with IPVS. The masquerade fields are the mode's own: in nftables
+    mode the nftables section's, as kube-proxy reads them; the iptables section's are then
+    another mode's fields, named in the warning."""
+    doc = yaml.safe_load(KUBEADM.read_text())
+    doc["mode"] = mode
+    doc["iptables"] = {**(doc.get("iptables") or {}), "masqueradeAll": True}
+    doc["nftables"] = {**(doc.get("nftables") or {}), "masqueradeAll": True}
+    path = tmp_path / "config.conf"
+    path.write_text(yaml.safe_dump(doc))
+    loaded = kpconfig.load(path)
+    assert loaded.values["masquerade_all"] is True
+    assert loaded.fields["masquerade_all"] == (
+        "nftables.masqueradeAll" if mode == "nftables" else "iptables.masqueradeAll"
+    )
+    assert ("iptables.masqueradeAll" in loaded.ignored) == (mode == "nftables")
+    assert ("nftables.masqueradeAll" in loaded.ignored) == (mode != "nftables")
 
 
 def test_a_file_that_is_not_there_or_not_yaml(tmp_path):
