@@ -22,7 +22,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,7 @@ from ipvsproxy.backends import (
 )
 from ipvsproxy.config import Config
 from ipvsproxy.errors import IpvsproxyError, KernelError
-from ipvsproxy.model import IPAddress
+from ipvsproxy.model import IPAddress, VSKey
 from ipvsproxy.proxier import PassPlan, PassResult, Proxier
 from ipvsproxy.saved_table import SavedTable
 from ipvsproxy.status.compute import Sampler, from_plan
@@ -52,7 +52,6 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.traffic import TrafficReader
 
 if TYPE_CHECKING:
-    from ipvsproxy.agent_loop import AgentLoop
     from ipvsproxy.metrics import Metrics
     from ipvsproxy.serve import Health, HttpServer, InThread
     from ipvsproxy.sync.runner import Runner
@@ -285,7 +284,6 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     from ipvsproxy.metrics import Metrics
     from ipvsproxy.netlink.links import NodeAddresses
     from ipvsproxy.serve import Health
-    from ipvsproxy.sync.runner import Runner
 
     stop = stop or threading.Event()
     metrics = Metrics()
@@ -336,6 +334,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         stack.callback(traffic_reader.close)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
+        on_names = _service_metrics(config, metrics, traffic_reader, backend.name)
         agent_loop = AgentLoop(
             proxier=_proxier(config, backend, drain=True, ramp=True, node_addresses=host_addresses),
             tracker=tracker,
@@ -343,11 +342,9 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             health=health,
             service_health=service_health,
             node_required=isinstance(source, Cluster),
+            on_names=on_names,
         )
-        runner = Runner(
-            agent_loop, min_interval=config.min_sync_period, max_interval=config.sync_period
-        )
-        agent_loop.runner = runner
+        runner = agent_loop.runner
         runners.append(runner)
 
         # a caller's `stop` (an embedding program, a test) ends the loop like a signal
@@ -365,9 +362,8 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
             backend=backend.name,
             config=config,
         )
-        slow = _service_metrics(config, metrics, traffic_reader, backend.name, agent_loop)
         server = _serve_metrics(
-            config, metrics.render, mode=backend.name, in_thread=slow, status=status
+            config, metrics.render, mode=backend.name, in_thread=on_names is not None, status=status
         )
         cleanups: list[Callable[[], object]] = [server.close, service_health.close]
 
@@ -441,27 +437,23 @@ def _node_addresses(config: Config) -> Callable[[], tuple[IPAddress, ...]]:
 
 
 def _service_metrics(
-    config: Config,
-    metrics: Metrics,
-    reader: TrafficReader,
-    backend: str,
-    agent_loop: AgentLoop,
-) -> bool:
+    config: Config, metrics: Metrics, reader: TrafficReader, backend: str
+) -> Callable[[Mapping[VSKey, str]], None] | None:
     """With --service-metrics on IPVS: the per-Service traffic metrics registered, read
-    through `reader` at scrape time and named from the sync pass's snapshots; whether
-    /metrics now reads the kernel (and must be rendered off the event loop)."""
+    through `reader` at scrape time, and what the sync pass hands its Service names to
+    (each pass's snapshot); None without them. With them /metrics reads the kernel (and
+    must be rendered off the event loop)."""
     if not config.service_metrics:
-        return False
+        return None
     if backend == IPTABLES:
         log.info("--service-metrics: the iptables fallback keeps no traffic counters: no series")
-        return False
+        return None
     collector = metrics.service_traffic(
         lambda: reader.read().traffic,
         endpoints=config.endpoint_metrics,
         max_series=config.service_metrics_max_series,
     )
-    agent_loop.on_names = collector.use_names
-    return True
+    return collector.use_names
 
 
 def _serve_metrics(

@@ -1,11 +1,13 @@
 """The long-running agent's sync pass: what the runner calls, with its bookkeeping.
 
-Owns: `AgentLoop`. Each call: wait until every required kind has listed (never program a
-partial view), take the changed Services from the tracker, run one pass of the proxier
-(proxier/: full every `--sync-period` or after the node changed, partial in between),
-record metrics and health, log a summary line (at the default verbosity only for a pass that
-wrote or failed something; every pass at --v 2), and ask the runner for an early retry
-when an operation failed, endpoints are draining, or a slow-start ramp takes its next step.
+Owns: `AgentLoop` and its `runner` (sync/runner.py: when the pass runs, from the sync
+periods; the agent's thread calls its `loop()`). Each call: wait until every required kind
+has listed (never program a partial view), take the changed Services from the tracker, run
+one pass of the proxier (proxier/: full every `--sync-period` or after the node changed,
+partial in between), record metrics and health, log a summary line (at the default verbosity
+only for a pass that wrote or failed something; every pass at --v 2), and ask the runner for
+an early retry when an operation failed, endpoints are draining, or a slow-start ramp takes
+its next step.
 
 After each completed pass it also tells the health server whether this node is eligible
 (kube-proxy's SyncNode), hands the health-check node ports their Services and local
@@ -67,6 +69,7 @@ class AgentLoop:
         service_health: ServiceHealth | None = None,
         node_required: bool = False,
         wall_clock: Callable[[], float] = time.time,
+        on_names: Callable[[Mapping[VSKey, str]], None] | None = None,
     ) -> None:
         self.proxier = proxier
         # for `status` (HTTP worker thread), replaced whole at the end of each completed pass:
@@ -93,10 +96,17 @@ class AgentLoop:
         # pass starts, so a request made during a full pass is not swallowed by its end
         self._full_asked = False
         self._frozen = False
-        self.runner: Runner | None = None  # set by the agent; asked for retries
-        # set by the agent with --service-metrics: handed every virtual server's origin
-        # ("ns/name:port") after each completed pass, as a snapshot it may keep
-        self.on_names: Callable[[Mapping[VSKey, str]], None] | None = None
+        # when the pass runs: at most every --min-sync-period, at least every --sync-period,
+        # soon after a change; one thread calls its `loop()`, others `request()` or `stop()`
+        self.runner = Runner(
+            self,
+            min_interval=self._config.min_sync_period,
+            max_interval=self._config.sync_period,
+            clock=clock,
+        )
+        # with --service-metrics: handed every virtual server's origin ("ns/name:port") after
+        # each completed pass, as a snapshot it may keep
+        self._on_names = on_names
         self.last: PassResult | None = None
 
     def request_full(self) -> None:
@@ -107,8 +117,7 @@ class AgentLoop:
     def resync(self) -> None:
         """A full pass now (SIGHUP): asked for, and the runner woken; from any thread."""
         self.request_full()
-        if self.runner is not None:
-            self.runner.request()
+        self.runner.request()
 
     def _ready(self) -> bool:
         """Whether every required kind has listed (said once each way in the log)."""
@@ -187,8 +196,8 @@ class AgentLoop:
             # last-sync time and no programming latency
             restored=not result.firewall_error and not restore_failures,
         )
-        if self.on_names is not None:  # copied only when a name came, went or changed
-            self.on_names(self.proxier.index.origins())
+        if self._on_names is not None:  # copied only when a name came, went or changed
+            self._on_names(self.proxier.index.origins())
         fell_back = self.proxier.index.no_local_endpoints()
         self._metrics.no_local({(str(p), v): n for (p, v), n in fell_back.items()})
         for version in restore_failures:
@@ -275,9 +284,8 @@ class AgentLoop:
         self._metrics.sync_error(seconds=self._clock() - started, full=full)
         self.request_full()
         self._failed_passes += 1
-        if self.runner is not None:
-            delay = self._config.retry.delay(self._failed_passes)
-            self.runner.retry_after(max(delay, self._config.min_sync_period))
+        delay = self._config.retry.delay(self._failed_passes)
+        self.runner.retry_after(max(delay, self._config.min_sync_period))
 
     def _log_failures(self, result: PassResult) -> None:
         """One line per failing object per change of its error (not one per pass while
@@ -341,8 +349,6 @@ class AgentLoop:
         firewall step or a transaction refused whole (the same doubling), in a second
         while endpoints drain, or at the next step of a slow-start ramp."""
         self._failed_passes = self._failed_passes + 1 if failed else 0
-        if self.runner is None:
-            return
         delays = []
         if failed:
             delays.append(self._config.retry.delay(self._failed_passes))

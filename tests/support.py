@@ -31,6 +31,7 @@ from ipvsproxy.errors import KernelError
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.parse import target
 from ipvsproxy.metrics import Metrics
+from ipvsproxy.model import VSKey
 from ipvsproxy.netlink import codec
 from ipvsproxy.proxier import PassResult, Proxier
 from ipvsproxy.serve import Health
@@ -149,21 +150,29 @@ def agent_proxier(
 
 class Agent:
     """The agent's long-running pieces over FakeKernel: tracker, sync pass, metrics, health
-    (the sync pass's runner a stub; `driven_agent` has a real one)."""
+    (the sync pass called directly, its runner never looping; `driven_agent` drives it).
+    `on_names`: what the pass hands its Service names to (the --service-metrics collector
+    registered on `metrics`, reading `kernel`)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        metrics: Metrics | None = None,
+        kernel: FakeKernel | None = None,
+        on_names: Callable[[Mapping[VSKey, str]], None] | None = None,
+    ) -> None:
         self.changes: list[str] = []
         self.tracker = Tracker(on_change=self.changes.append, node_name=AGENT_CONFIG.node_name)
-        self.kernel = FakeKernel()
-        self.metrics = Metrics()
+        self.kernel = kernel or FakeKernel()
+        self.metrics = metrics or Metrics()
         self.health = Health(timeout=60)
         self.sync = AgentLoop(
             proxier=agent_proxier(self.kernel),
             tracker=self.tracker,
             metrics=self.metrics,
             health=self.health,
+            on_names=on_names,
         )
-        self.sync.runner = Runner(lambda: None, min_interval=0, max_interval=30)
 
     def feed(self, *objects) -> None:
         for kind in (SERVICE, SLICE):
@@ -181,9 +190,7 @@ def driven_agent(config: Config = AGENT_CONFIG) -> tuple[Agent, Runner, Clock]:
         health=agent.health,
         clock=clock,
     )
-    runner = Runner(agent.sync, min_interval=0, max_interval=config.sync_period, clock=clock)
-    agent.sync.runner = runner
-    return agent, runner, clock
+    return agent, agent.sync.runner, clock
 
 
 def next_run(runner: Runner, clock: Clock) -> float:

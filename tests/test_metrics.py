@@ -523,13 +523,13 @@ def scraped_names() -> set[str]:
     """The series names of an agent's /metrics after a real sync (a Service with a Local
     policy and no endpoint here, the IPVS backend chosen) and one API request: what a
     Prometheus scrape would see, parsed from the rendered text, not from names in code."""
-    agent = Agent()
+    # with --service-metrics and --endpoint-metrics, read from the agent's kernel
+    metrics, kernel = Metrics(), FakeKernel()
+    traffic = metrics.service_traffic(kernel.traffic, endpoints=True, max_series=99)
+    agent = Agent(metrics=metrics, kernel=kernel, on_names=traffic.use_names)
     svc = service("in", cluster_ips=("10.96.0.1",), internalTrafficPolicy="Local")
     agent.feed(svc, slice_("in", endpoints=[ep("10.244.9.1", node="node-b")]))
     agent.metrics.use_backend("ipvs", others=("iptables",))
-    # with --service-metrics and --endpoint-metrics, read from the agent's kernel
-    traffic = agent.metrics.service_traffic(agent.kernel.traffic, endpoints=True, max_series=99)
-    agent.sync.on_names = traffic.use_names
     agent.sync()
     agent.metrics.api_request("GET", "192.0.2.10:6443", "200", 0.02)
     text = agent.metrics.render().decode()

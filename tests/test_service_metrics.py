@@ -48,14 +48,18 @@ POD_B = RSKey(ip_address("10.244.0.2"), 8080)
 WEB = {"namespace": "default", "service": "web", "port": "http", "protocol": "TCP"}
 
 
-def web_agent(*, endpoints: bool = False, max_series: int = 10_000) -> tuple[Agent, ServiceTraffic]:
+def web_agent(
+    *,
+    endpoints: bool = False,
+    max_series: int = 10_000,
+    on_names: Callable[[Mapping[VSKey, str]], None] | None = None,
+) -> tuple[Agent, ServiceTraffic]:
     """An agent serving default/web (port `http`, a ClusterIP and an externalIP: two virtual
-    servers, two endpoints) with the traffic metrics on, read from its FakeKernel."""
-    agent_ = Agent()
-    collector = agent_.metrics.service_traffic(
-        agent_.kernel.traffic, endpoints=endpoints, max_series=max_series
-    )
-    agent_.sync.on_names = collector.use_names
+    servers, two endpoints) with the traffic metrics on, read from its FakeKernel; the pass
+    hands its names to the collector, or to `on_names` if given."""
+    metrics, kernel = Metrics(), FakeKernel()
+    collector = metrics.service_traffic(kernel.traffic, endpoints=endpoints, max_series=max_series)
+    agent_ = Agent(metrics=metrics, kernel=kernel, on_names=on_names or collector.use_names)
     agent_.feed(
         service("web", externalIPs=["203.0.113.5"]),
         slice_("web", endpoints=[ep("10.244.0.1"), ep("10.244.0.2")]),
@@ -132,9 +136,9 @@ def test_endpoint_series_come_with_the_second_flag():
 
 
 def test_names_follow_the_services_and_ipv6_addresses_are_bracketed():
-    agent_ = Agent()
-    collector = agent_.metrics.service_traffic(agent_.kernel.traffic, endpoints=True, max_series=99)
-    agent_.sync.on_names = collector.use_names
+    metrics, kernel = Metrics(), FakeKernel()
+    collector = metrics.service_traffic(kernel.traffic, endpoints=True, max_series=99)
+    agent_ = Agent(metrics=metrics, kernel=kernel, on_names=collector.use_names)
     unnamed = service("dns", ns="kube-system", cluster_ips=("fd00::10",), ipFamilies=["IPv6"],
                       ports=[port(None, 53, "UDP", 53)])  # fmt: skip
     agent_.feed(unnamed, slice_("dns", ns="kube-system", family="IPv6", ports=((None, 53, "UDP"),),
@@ -210,11 +214,10 @@ def test_without_the_flag_nothing_is_registered_and_nothing_read():
     agent_.feed(service("web"), slice_("web", endpoints=[ep("10.244.0.1")]))
     agent_.sync()
     reader = TrafficReader(lambda: agent_.kernel)
-    assert agent._service_metrics(Config(), agent_.metrics, reader, IPVS, agent_.sync) is False
+    assert agent._service_metrics(Config(), agent_.metrics, reader, IPVS) is None
     agent_.sync()
     text = agent_.metrics.render().decode()
     assert "ipvsproxy_service_" not in text
-    assert agent_.sync.on_names is None
     assert agent_.kernel.traffic_reads == 0
 
 
@@ -224,7 +227,7 @@ def test_the_iptables_fallback_exports_none_and_reads_nothing(caplog):
     opened: list[int] = []
     reader = TrafficReader(lambda: opened.append(1) or agent_.kernel)  # type: ignore[func-returns-value]
     on = Config(service_metrics=True, endpoint_metrics=True)
-    assert agent._service_metrics(on, agent_.metrics, reader, IPTABLES, agent_.sync) is False
+    assert agent._service_metrics(on, agent_.metrics, reader, IPTABLES) is None
     assert "ipvsproxy_service_" not in agent_.metrics.render().decode()
     assert opened == []
     assert any("iptables fallback" in r.message for r in caplog.records)
@@ -277,9 +280,8 @@ def test_registering_reads_nothing():
 
 
 def test_the_names_handed_over_are_a_snapshot_copied_only_when_names_change():
-    agent_, _ = web_agent()
     handed: list[Mapping[VSKey, str]] = []
-    agent_.sync.on_names = handed.append
+    agent_, _ = web_agent(on_names=handed.append)
     agent_.sync()
     first = handed[-1]
     agent_.feed(

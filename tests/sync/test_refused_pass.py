@@ -41,9 +41,7 @@ def refusing_node() -> tuple[AgentLoop, Runner, Clock, FakeIptables, Metrics, He
         health=health,
         clock=clock,
     )
-    runner = Runner(loop, min_interval=0, max_interval=AGENT_CONFIG.sync_period, clock=clock)
-    loop.runner = runner
-    return loop, runner, clock, commands, metrics, health
+    return loop, loop.runner, clock, commands, metrics, health
 
 
 def test_a_pass_whose_transaction_is_refused_whole_is_a_failed_pass(caplog):
