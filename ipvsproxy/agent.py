@@ -325,7 +325,7 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         prepare(backend, config)
         remove_leftovers(backend, config)
         metrics.use_backend(backend.name, others=BACKENDS)
-        health.detail = backend.detail
+        health.use_backend(backend.detail)
         log.info("backend: %s (%s)", backend.name, backend.reason)
         # The kernel's traffic counters for /metrics (--service-metrics) and the status: one
         # reader for both, on a kernel connection of its own (never the sync pass's),

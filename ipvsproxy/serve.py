@@ -118,7 +118,7 @@ class Health:
         self._eligible = True
         self._served = False  # a full pass has completed since start (/readyz)
         self._waiting = "starting: no full pass has completed yet"
-        self.detail: dict[str, object] = {}  # e.g. the backend in use and why
+        self._detail: Mapping[str, object] = {}  # the backend in use and why, once chosen
 
     def queued(self) -> None:
         with self._lock:
@@ -131,6 +131,11 @@ class Health:
             self._updated = self._clock()
             self._queued = None
             self._served = self._served or full
+
+    def use_backend(self, detail: Mapping[str, object]) -> None:
+        """The backend chosen (its name, why, what it lacks): shown in every answer's body."""
+        with self._lock:
+            self._detail = dict(detail)
 
     def waiting(self, reason: str) -> None:
         """What the agent waits for before its first full pass (shown by /readyz)."""
@@ -154,14 +159,14 @@ class Health:
     def status(self) -> tuple[bool, dict[str, object]]:
         now = self._clock()
         with self._lock:
-            queued, updated = self._queued, self._updated
+            queued, updated, detail = self._queued, self._updated, self._detail
         healthy = queued is None or now - queued <= self.timeout
         body: dict[str, object] = {
             # kube-proxy reports the current time as lastUpdated while healthy
             "lastUpdated": _iso(now if healthy else updated),
             "currentTime": _iso(now),
             "healthy": healthy,
-            **self.detail,
+            **detail,
         }
         if queued is not None:
             body["oldestPendingQueued"] = _iso(queued)

@@ -189,7 +189,7 @@ def test_http_endpoints_serve_health_and_metrics():
     metrics = Metrics()
     metrics.use_backend("ipvs")
     health = Health(timeout=60)
-    health.detail = {"backend": "ipvs"}
+    health.use_backend({"backend": "ipvs"})
     server = HttpServer(
         ("127.0.0.1", 0),
         {"/metrics": lambda: (200, "text/plain", metrics.render()), "/healthz": health.healthz},
