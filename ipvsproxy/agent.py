@@ -2,10 +2,11 @@
 
 Owns: `diff()` (desired state from manifests or the API, observed state from a saved ipvsadm
 file or the live kernel, the plan in words; never changes anything), `run_once()` (prepare
-the node, one sync of manifests) and `run()` (the long-running agent: sources feeding a
-tracker, a bounded-frequency runner calling the sync pass, metrics and health endpoints,
-signals). The threads: one per API watch (or the manifest poller), one per HTTP endpoint,
-and the caller's thread runs the sync loop; the `kubernetes` client is synchronous.
+the node, one sync of manifests) and `run()` over `Agent` (the long-running agent, built,
+started, run and stopped: sources feeding a tracker, a bounded-frequency runner calling the
+sync pass, metrics and health endpoints, signals). Its threads (docs/architecture.md): one
+per API watch (or the manifest poller), the one asyncio loop serving HTTP (serve.py), and
+the caller's thread, which runs the sync pass, the only one that writes the kernel.
 
 `run()`, `run_once()` and `cleanup()` hold the node's lock (nodelock.py) from their first
 step: a second agent in the same network namespace stops before it touches anything.
@@ -52,9 +53,9 @@ from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Changes, Tracker
 from ipvsproxy.traffic import TrafficReader
 
 if TYPE_CHECKING:
+    from ipvsproxy.agent_loop import AgentLoop
     from ipvsproxy.metrics import Metrics
     from ipvsproxy.serve import Health, HttpServer, InThread
-    from ipvsproxy.sync.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -279,53 +280,103 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
     Raises KernelUnavailable (no IPVS) before touching anything, ConfigError for bad input
     or busy ports, WatchError when the API refuses us for good.
     """
-    from ipvsproxy.agent_loop import AgentLoop
-    from ipvsproxy.healthcheck import ServiceHealth
-    from ipvsproxy.metrics import Metrics
-    from ipvsproxy.netlink.links import NodeAddresses
-    from ipvsproxy.serve import Health
+    with Agent(config, source=source, stop=stop) as agent:
+        agent.start()
+        agent.run()
 
-    stop = stop or threading.Event()
-    metrics = Metrics()
-    health = Health(timeout=2 * config.sync_period, on_answer=metrics.health_answered)
-    service_health = ServiceHealth(healthy=health.healthy, on_bind_error=metrics.bind_failed)
-    fatal: list[IpvsproxyError] = []
-    runners: list[Runner] = []
 
-    def changed(kind: str) -> None:
-        metrics.changed(kind)
-        metrics.queued()
-        health.queued()
-        for started in runners:  # none yet while the source is opened: the first sync is due
-            started.request()
+class Agent:
+    """The long-running agent (`run`), as a lifecycle: built, `start()`, `run()`, `stop()`.
 
-    tracker = Tracker(
-        required=(SERVICE, SLICE, NODE), on_change=changed, node_name=config.node_name
-    )
-    metrics.pending(tracker.pending)
-    # Nothing on the node changes (not even the backend's probe) before the input is known
-    # good: the source is opened first, so a missing or malformed kubeconfig (or unreadable
-    # manifests) fails with the node untouched. Reaching the API is not required: the
-    # watchers retry that, and a node keeps its rules while the API server is down.
-    halt = _halter(fatal, stop, runners)
-    with ExitStack() as stack:
-        # The health port answers from the first moment (/livez: alive; /readyz: 503 until
-        # the first full pass): a start-up that waits (an API server out of reach, a slow
-        # node) must not look dead to the kubelet's liveness probe.
-        stack.callback(_serve_health(config, health).close)
-        start_sources, close_source, api_server = _open_source(
-            source, config, tracker, stop, metrics
+    - Built (`Agent(config, source=..., stop=...)`): what needs nothing opened, the metrics,
+      the health answers, the Services' health-check ports (none open yet) and the tracker
+      the source feeds. Nothing on the node changes.
+    - `start()` opens, in this order: the health port (it answers from the first moment:
+      /livez alive, /readyz 503 until the first full pass), the source (ConfigError for
+      what retrying cannot fix, the node untouched) and its watcher threads, the backend
+      (the node prepared, leftovers removed), the kernel's traffic reader, the host's
+      addresses, the sync pass, the `stop` thread and the metrics port. On failure what
+      it opened is released and the error raised.
+    - `run()` (in the thread that calls it: the main thread takes SIGTERM/SIGINT/SIGHUP)
+      runs the sync pass until stopped, then releases everything; raises the first fatal
+      error of a watcher, else logs that it stopped, the rules left in place.
+    - `stop()`: from any thread, at any time (before `start()`: `run()` returns at once),
+      any number of times; the pass in progress finishes first. A watcher's fatal error
+      stops it too. `stop=`, an event set by the caller, stops it as `stop()` does.
+    - `close()` (also on leaving a `with`): releases what `start()` opened, in reverse
+      order; again, nothing.
+    """
+
+    def __init__(
+        self, config: Config, *, source: Source, stop: threading.Event | None = None
+    ) -> None:
+        from ipvsproxy.healthcheck import ServiceHealth
+        from ipvsproxy.metrics import Metrics
+        from ipvsproxy.serve import Health
+
+        self.config = config
+        self.source = source
+        self._stopped = stop or threading.Event()
+        self._lock = threading.Lock()
+        self._fatal: IpvsproxyError | None = None  # the first, under the lock
+        self._metrics = Metrics()
+        self._health = Health(
+            timeout=2 * config.sync_period, on_answer=self._metrics.health_answered
+        )
+        self._service_health = ServiceHealth(
+            healthy=self._health.healthy, on_bind_error=self._metrics.bind_failed
+        )
+        self._tracker = Tracker(
+            required=(SERVICE, SLICE, NODE), on_change=self._changed, node_name=config.node_name
+        )
+        self._metrics.pending(self._tracker.pending)
+        self._stack = ExitStack()
+        # opened by start(): the pass once the backend is (read by other threads: set once)
+        self._sync: AgentLoop | None = None
+        self._backend: backends.Backend | None = None
+        self._api_server: str | None = None
+        self._watchers: list[threading.Thread] = []
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Open everything, in the order the class says; on failure release it and raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        from ipvsproxy.agent_loop import AgentLoop
+        from ipvsproxy.netlink.links import NodeAddresses
+
+        config, stack, metrics = self.config, self._stack, self._metrics
+        # Nothing on the node changes (not even the backend's probe) before the input is
+        # known good: the source is opened first, so a missing or malformed kubeconfig (or
+        # unreadable manifests) fails with the node untouched. Reaching the API is not
+        # required: the watchers retry that, and a node keeps its rules while the API server
+        # is down. The health port answers from the first moment: a start-up that waits (an
+        # API server out of reach, a slow node) must not look dead to the kubelet's liveness
+        # probe.
+        stack.callback(_serve_health(config, self._health).close)
+        start_sources, close_source, self._api_server = _open_source(
+            self.source, config, self._tracker, self._stopped, metrics
         )
         stack.callback(close_source)
-        stack.callback(stop.set)  # the watchers end with the agent, whatever stops it
+        stack.callback(self._stopped.set)  # the watchers end with the agent, whatever stops it
         # The lists go out now, while the node is prepared: reading the API and preparing
         # the node overlap, and the first pass starts as soon as both are done.
-        threads = start_sources(halt)
-        backend = stack.enter_context(open_backend(config))
+        self._watchers = start_sources(self._halt)
+        backend = self._backend = stack.enter_context(open_backend(config))
         prepare(backend, config)
         remove_leftovers(backend, config)
         metrics.use_backend(backend.name, others=BACKENDS)
-        health.use_backend(backend.detail)
+        self._health.use_backend(backend.detail)
         log.info("backend: %s (%s)", backend.name, backend.reason)
         # The kernel's traffic counters for /metrics (--service-metrics) and the status: one
         # reader for both, on a kernel connection of its own (never the sync pass's),
@@ -334,69 +385,91 @@ def run(config: Config, *, source: Source, stop: threading.Event | None = None) 
         stack.callback(traffic_reader.close)
         # read again only after rtnetlink announces a change (links.NodeAddresses)
         host_addresses = stack.enter_context(closing(NodeAddresses(config.dummy_device)))
+        stack.callback(self._join_watchers)
         on_names = _service_metrics(config, metrics, traffic_reader, backend.name)
-        agent_loop = AgentLoop(
+        sync = self._sync = AgentLoop(
             proxier=_proxier(config, backend, drain=True, ramp=True, node_addresses=host_addresses),
-            tracker=tracker,
+            tracker=self._tracker,
             metrics=metrics,
-            health=health,
-            service_health=service_health,
-            node_required=isinstance(source, Cluster),
+            health=self._health,
+            service_health=self._service_health,
+            node_required=isinstance(self.source, Cluster),
             on_names=on_names,
         )
-        runner = agent_loop.runner
-        runners.append(runner)
-
         # a caller's `stop` (an embedding program, a test) ends the loop like a signal
-        def stop_on_request() -> None:
-            stop.wait()
-            runner.stop()
-
-        threading.Thread(target=stop_on_request, name="stop", daemon=True).start()
+        threading.Thread(target=self._stop_on_request, name="stop", daemon=True).start()
         status = status_route(
-            snapshot=lambda: agent_loop.snapshot,
-            pending=agent_loop.pending,
-            tracker=tracker,
-            passes=lambda: agent_loop.passes,
+            snapshot=lambda: sync.snapshot,
+            pending=sync.pending,
+            tracker=self._tracker,
+            passes=lambda: sync.passes,
             sampler=Sampler(traffic_reader),
             backend=backend.name,
             config=config,
         )
+        stack.callback(self._service_health.close)
         server = _serve_metrics(
             config, metrics.render, mode=backend.name, in_thread=on_names is not None, status=status
         )
-        cleanups: list[Callable[[], object]] = [server.close, service_health.close]
+        stack.callback(server.close)
+        stack.callback(self._stopped.set)
 
+    def run(self) -> None:
+        """The sync pass until stopped; then everything released (the rules left in place)."""
+        sync, backend = self._sync, self._backend
+        if sync is None or backend is None:
+            raise RuntimeError("Agent.run() before start()")
         try:
-            with _signals(halt, resync=agent_loop.resync):
-                if not stop.is_set():
-                    log.info("running: %s", describe_source(source, server=api_server))
-                    runner.loop()
+            with _signals(self.stop, resync=sync.resync):
+                if not self._stopped.is_set():
+                    log.info("running: %s", describe_source(self.source, server=self._api_server))
+                    sync.runner.loop()
         finally:
-            stop.set()
-            for cleanup in cleanups:
-                cleanup()
-        for thread in threads:
-            thread.join(timeout=0.5)  # watchers blocked in a read are daemons: not waited for
-    if fatal:
-        raise fatal[0]
-    log.info("stopped; %s rules left in place", backend.name)
+            self.close()
+        if self._fatal is not None:
+            raise self._fatal
+        log.info("stopped; %s rules left in place", backend.name)
 
+    def stop(self) -> None:
+        """What SIGTERM does: the agent stops after the sync pass in progress."""
+        self._halt()
 
-def _halter(
-    fatal: list[IpvsproxyError], stop: threading.Event, runners: Sequence[Runner]
-) -> Callable[..., None]:
-    """What stops the agent: a signal, a watcher's fatal error (kept in `fatal`), before or
-    after the loop has started."""
+    def close(self) -> None:
+        """Release what `start()` opened, in reverse order (idempotent)."""
+        self._stack.close()
 
-    def halt(error: IpvsproxyError | None = None) -> None:
+    def _halt(self, error: IpvsproxyError | None = None) -> None:
+        """What stops the agent: `stop()`, a signal, a watcher's fatal error (the first kept,
+        raised by `run()`), before or after the loop has started."""
         if error is not None:
-            fatal.append(error)
-        stop.set()
-        for runner in runners:
-            runner.stop()
+            with self._lock:
+                if self._fatal is None:
+                    self._fatal = error
+        self._stopped.set()
+        if self._sync is not None:
+            self._sync.runner.stop()
 
-    return halt
+    def _stop_on_request(self) -> None:
+        """The `stop` thread: the event set (by `stop=`'s owner, or on the way out) ends the
+        loop as `stop()` does."""
+        self._stopped.wait()
+        if self._sync is not None:
+            self._sync.runner.stop()
+
+    def _changed(self, kind: str) -> None:
+        """The tracker saw a change (a watcher's thread): counted, and the pass woken."""
+        self._metrics.changed(kind)
+        self._metrics.queued()
+        self._health.queued()
+        if self._sync is not None:  # none yet while the source is opened: the first is due
+            self._sync.runner.request()
+
+    def _join_watchers(self) -> None:
+        """On the way out, after the ports: the watchers told to end (already, after `run()`;
+        not yet, when `start()` failed after them) and given half a second each."""
+        self._stopped.set()
+        for thread in self._watchers:
+            thread.join(timeout=0.5)  # watchers blocked in a read are daemons: not waited for
 
 
 def _proxier(

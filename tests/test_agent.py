@@ -428,6 +428,99 @@ def test_the_health_port_answers_while_the_start_up_steps_wait(host, monkeypatch
     assert not run.is_alive()
 
 
+# ---- Agent: built, start(), run(), stop(), close() -----------------------------------------
+
+
+def lifecycle_config() -> Config:
+    from tests.support import free_port
+
+    return Config(
+        node_name="node-a",
+        min_sync_period=0.0,
+        healthz_bind_address=("127.0.0.1", free_port()),
+        metrics_bind_address=("127.0.0.1", free_port()),
+    )
+
+
+def test_stop_from_another_thread_ends_run_and_twice_is_harmless(host, tmp_path, caplog):
+    """run() in the main thread (signals taken there) until stop() comes from another; it
+    returns with everything released (the ports closed, the old handlers back) and the rules
+    left; stop() and close() again do nothing."""
+    from tests.support import eventually
+
+    caplog.set_level(logging.INFO, logger="ipvsproxy.agent")
+    config = lifecycle_config()
+    health = config.healthz_bind_address[1]
+    before = signal.getsignal(signal.SIGTERM)
+    served = threading.Event()
+    watchdog = threading.Event()  # ends a run() that stop() did not end, failing the test
+    fired = threading.Event()
+    the_agent = agent.Agent(config, source=agent.Manifests((manifest(tmp_path),)), stop=watchdog)
+
+    def stop_when_served() -> None:
+        eventually(lambda: _get(health, "/readyz")[0] == 200, 30, "/readyz turns 200")
+        served.set()
+        the_agent.stop()
+
+    stopper = threading.Thread(target=stop_when_served, daemon=True)
+
+    def bark() -> None:
+        fired.set()
+        watchdog.set()
+
+    timer = threading.Timer(60, bark)
+    timer.start()
+    try:
+        with the_agent:
+            the_agent.start()
+            stopper.start()
+            the_agent.run()
+            assert served.is_set(), "run() returned before stop()"
+            assert not fired.is_set(), "stop() did not end run()"
+            assert _get(health, "/livez")[0] == 0, "run() closed the health port"
+            assert signal.getsignal(signal.SIGTERM) == before
+            the_agent.stop()
+        the_agent.close()
+    finally:
+        timer.cancel()
+    stopper.join(5)
+    assert len(host.kernel.state.services) == 1, "the rules are left in place"
+    assert caplog.messages.count("stopped; ipvs rules left in place") == 1
+
+
+def test_stop_before_start_makes_run_return_at_once(host, tmp_path, caplog):
+    """As `run(stop=)` with the event already set: started (the node prepared), no pass."""
+    caplog.set_level(logging.INFO, logger="ipvsproxy.agent")
+    with agent.Agent(lifecycle_config(), source=agent.Manifests((manifest(tmp_path),))) as a:
+        a.stop()
+        a.stop()
+        a.start()
+        a.run()
+    assert host.steps == ["open backend", "prepare", "remove leftovers"]
+    assert host.kernel.state.services == {}
+    assert not any(m.startswith("running: ") for m in caplog.messages)
+    assert "stopped; ipvs rules left in place" in caplog.messages
+
+
+def test_a_start_that_fails_releases_what_it_opened(host, tmp_path):
+    """The metrics port taken: start() raises ConfigError, and the health port it had opened
+    is closed again (no `with` needed); run() before a start() is an error."""
+    import socket
+
+    config = lifecycle_config()
+    health = config.healthz_bind_address[1]
+    with socket.socket() as taken:
+        taken.bind(config.metrics_bind_address)
+        taken.listen()
+        failed = agent.Agent(config, source=agent.Manifests((manifest(tmp_path),)))
+        with pytest.raises(ConfigError):
+            failed.start()
+    assert host.steps == ["open backend", "prepare", "remove leftovers"]
+    assert _get(health, "/livez")[0] == 0, "the health port is closed"
+    with pytest.raises(RuntimeError, match="before start"):
+        agent.Agent(config, source=agent.Manifests((manifest(tmp_path),))).run()
+
+
 def test_the_source_in_words_names_the_api_server_in_use():
     from ipvsproxy.agent import Cluster, describe_source
 
