@@ -336,6 +336,7 @@ class Agent:
         self._backend: backends.Backend | None = None
         self._api_server: str | None = None
         self._watchers: list[threading.Thread] = []
+        self._started = False  # start() has opened everything
 
     def __enter__(self) -> Agent:
         return self
@@ -413,12 +414,13 @@ class Agent:
         )
         stack.callback(server.close)
         stack.callback(self._stopped.set)
+        self._started = True
 
     def run(self) -> None:
         """The sync pass until stopped; then everything released (the rules left in place)."""
         sync, backend = self._sync, self._backend
-        if sync is None or backend is None:
-            raise RuntimeError("Agent.run() before start()")
+        if not self._started or sync is None or backend is None:
+            raise RuntimeError("Agent.run() before start() has succeeded")
         try:
             with _signals(self.stop, resync=sync.resync):
                 if not self._stopped.is_set():

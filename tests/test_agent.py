@@ -504,7 +504,7 @@ def test_stop_before_start_makes_run_return_at_once(host, tmp_path, caplog):
 
 def test_a_start_that_fails_releases_what_it_opened(host, tmp_path):
     """The metrics port taken: start() raises ConfigError, and the health port it had opened
-    is closed again (no `with` needed); run() before a start() is an error."""
+    is closed again (no `with` needed); run() without a start() that succeeded is an error."""
     import socket
 
     config = lifecycle_config()
@@ -517,6 +517,8 @@ def test_a_start_that_fails_releases_what_it_opened(host, tmp_path):
             failed.start()
     assert host.steps == ["open backend", "prepare", "remove leftovers"]
     assert _get(health, "/livez")[0] == 0, "the health port is closed"
+    with pytest.raises(RuntimeError, match="before start"):
+        failed.run()
     with pytest.raises(RuntimeError, match="before start"):
         agent.Agent(config, source=agent.Manifests((manifest(tmp_path),))).run()
 
