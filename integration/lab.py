@@ -33,13 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from integration.host import clean_ipvs, skip_unless_ci
+from ipvsproxy.agent import build_proxier
+from ipvsproxy.backends import IPVS, open_backend
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.host_firewall import Firewall
-from ipvsproxy.firewall.set_reader import SetReader
-from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.host.commands import Commands
-from ipvsproxy.netlink import NetlinkKernel
-from ipvsproxy.proxier import PassResult, Proxier
+from ipvsproxy.proxier import PassResult
 from tests.factories import ep, node, port, service, slice_
 from tests.support import Synced, free_port
 
@@ -386,38 +385,37 @@ class Node:
         for setting in SYSCTLS:
             sh("ip", "netns", "exec", self.ns, "sysctl", "-qw", setting)
         attach(self.ns, f"lan{n}", f"{self.address}/24")
-        with inside(self.ns):
-            self.kernel = NetlinkKernel()
-            reader = SetReader()  # reads this namespace's sets
-            writer = SetWriter()  # ...and writes them
-        commands = Commands(prefix=("ip", "netns", "exec", self.ns))
-        self.firewall = Firewall(commands=commands, reader=reader, writer=writer)
-        self.firewall.check()
-        self.firewall_s = 0.0  # the last firewall step's duration
         self.config = Config(
             node_name=self.name,
             cluster_cidrs=(ip_network(CLUSTER_CIDR),),
             detect_local_mode="ClusterCIDR",
             nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
+            backend=IPVS,
         )
-        proxier = Proxier(kernel=self.kernel, config=self.config, firewall=self.firewall)
-        self.synced = Synced(proxier)
+        # the backend and the pass as the agent obtains them (backends.open_backend,
+        # agent.build_proxier): sockets opened in the node's namespace, tools run in it
+        self._opened = contextlib.ExitStack()
+        commands = Commands(prefix=("ip", "netns", "exec", self.ns))
+        with inside(self.ns):
+            self.backend = self._opened.enter_context(open_backend(self.config, commands=commands))
+        assert self.backend.firewall is not None
+        self.firewall: Firewall = self.backend.firewall
+        self.firewall_s = 0.0  # the last firewall step's duration
+        self.synced = Synced(build_proxier(self.config, self.backend))
 
     def sync(self, objects: list[dict[str, Any]], *, full: bool = True) -> PassResult:
-        """One pass of the agent's proxier, the firewall's step included; every IPVS and
-        firewall step must succeed."""
-        result = self.synced.sync(objects, full=full)
+        """One pass of the agent's proxier, the firewall's step included, in the node's
+        namespace (where it reads the host's addresses); every IPVS and firewall step must
+        succeed."""
+        with inside(self.ns):
+            result = self.synced.sync(objects, full=full)
         assert result.sync.report.failures == ()
         assert result.firewall_error == ""
         self.firewall_s = result.firewall_seconds
         return result
 
     def close(self) -> None:
-        self.kernel.close()
-        if self.firewall.reader is not None:
-            self.firewall.reader.close()
-        if self.firewall.writer is not None:
-            self.firewall.writer.close()
+        self._opened.close()
         self.lab.close()
 
 

@@ -152,7 +152,7 @@ def diff(config: Config, *, source: Source, kernel_state: Path | None) -> DiffRe
         )
         return _diff_result(planned, proxier, config, notes)
     with open_backend(config) as backend:
-        proxier = _proxier(config, backend, drain=True)
+        proxier = build_proxier(config, backend, drain=True)
         proxier.desired.refresh_host()
         planned = proxier.plan_from(changes, full=True)
         notes = ()
@@ -218,7 +218,7 @@ class LocalStatus:
             planned = proxier.plan(full=True)
         else:
             assert self._backend is not None  # opened by __enter__ without a saved table
-            proxier = _proxier(self.config, self._backend, drain=True)
+            proxier = build_proxier(self.config, self._backend, drain=True)
             proxier.desired.refresh_host()
             planned = proxier.plan_from(changes, full=True)
         services = [svc for svc in changes.services.values() if svc is not None]
@@ -255,7 +255,7 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
     with open_backend(config) as backend:
         prepare(backend, config)
         remove_leftovers(backend, config)
-        proxier = _proxier(config, backend)
+        proxier = build_proxier(config, backend)
         proxier.desired.refresh_host()
         planned = proxier.plan_from(changes, full=True)
         for warning in proxier.warnings:
@@ -389,7 +389,9 @@ class Agent:
         stack.callback(self._join_watchers)
         on_names = _service_metrics(config, metrics, traffic_reader, backend.name)
         sync = self._sync = AgentLoop(
-            proxier=_proxier(config, backend, drain=True, ramp=True, node_addresses=host_addresses),
+            proxier=build_proxier(
+                config, backend, drain=True, ramp=True, node_addresses=host_addresses
+            ),
             tracker=self._tracker,
             metrics=metrics,
             health=self._health,
@@ -474,7 +476,7 @@ class Agent:
             thread.join(timeout=0.5)  # watchers blocked in a read are daemons: not waited for
 
 
-def _proxier(
+def build_proxier(
     config: Config,
     backend: backends.Backend,
     *,
@@ -482,11 +484,12 @@ def _proxier(
     ramp: bool = False,
     node_addresses: Callable[[], tuple[IPAddress, ...]] | None = None,
 ) -> Proxier:
-    """The one way the commands build their pass: on the backend's kernel, with its firewall
-    rules (the firewall), draining removed endpoints (`drain`: the agent, and `diff`, which
-    shows what it would drain), ramping new endpoints' weights (`ramp`: the agent alone,
-    whose later passes take the steps; `diff` and `run --once` show and write full
-    weights), this host's addresses read over rtnetlink unless given."""
+    """The one way the commands (and the integration lab) build their pass: on the backend's
+    kernel, with its firewall rules, draining removed endpoints (`drain`: the agent, and
+    `diff`, which shows what it would drain), ramping new endpoints' weights (`ramp`: the
+    agent alone, whose later passes take the steps; `diff` and `run --once` show and write
+    full weights), this host's addresses read over rtnetlink unless given (in the thread's
+    network namespace at each full pass)."""
     return Proxier(
         kernel=backend.kernel,
         config=config,

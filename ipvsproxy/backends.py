@@ -31,6 +31,7 @@ from ipvsproxy.firewall.kube_proxy import NodePort, adopted
 from ipvsproxy.firewall.set_reader import SetReader
 from ipvsproxy.firewall.set_writer import SetWriter
 from ipvsproxy.firewall.sets import recorded
+from ipvsproxy.host.commands import Commands
 from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
     EMPTY,
@@ -94,22 +95,23 @@ class Backend:
 
 
 @contextmanager
-def open_backend(config: Config) -> Iterator[Backend]:
+def open_backend(config: Config, *, commands: Commands | None = None) -> Iterator[Backend]:
     """The backend `config.backend` asks for; KernelUnavailable (FallbackRefused) if none,
     FirewallUnavailable for IPVS without the firewall's tools. The firewall, if any,
-    is closed at the end."""
+    is closed at the end. Its sockets are opened in this thread's network namespace, its
+    tools run by `commands` (the integration lab: `ip netns exec` of a node's namespace)."""
     if config.backend == IPTABLES:
         yield Backend(_iptables(config), IPTABLES, "--backend iptables")
         return
     if config.backend == IPVS:
-        with _ipvs_backend(config, "--backend ipvs") as backend:
+        with _ipvs_backend(config, "--backend ipvs", commands) as backend:
             yield backend
         return
     from ipvsproxy.netlink.probe import probe
 
     result = probe(config.scheduler)
     if result.usable:
-        with _ipvs_backend(config, result.reason) as backend:
+        with _ipvs_backend(config, result.reason, commands) as backend:
             yield backend
         return
     if not config.fallback:
@@ -128,12 +130,14 @@ def open_backend(config: Config) -> Iterator[Backend]:
 
 
 @contextmanager
-def _ipvs_backend(config: Config, reason: str) -> Iterator[Backend]:
+def _ipvs_backend(
+    config: Config, reason: str, commands: Commands | None = None
+) -> Iterator[Backend]:
     """IPVS with its firewall rules, both checked before anything on the node changes
     (opening them changes nothing). A family the firewall cannot protect (IPv6 without
     ip6tables) gets no virtual server or VIP at all: `FailClosed`."""
     with _ipvs(config) as ipvs:
-        firewall, missing = _firewall(config)
+        firewall, missing = _firewall(config, commands)
         kernel: Kernel = ipvs
         if firewall is not None and firewall.versions != (4, 6):
             kernel = FailClosed(ipvs, firewall.versions)
@@ -294,7 +298,7 @@ def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
 
 
-def _firewall(config: Config) -> tuple[Firewall | None, str]:
+def _firewall(config: Config, commands: Commands | None = None) -> tuple[Firewall | None, str]:
     """The firewall rules, checked: (firewall, "") when usable. Without a tool they need:
     FirewallUnavailable naming it, or, with `config.allow_no_firewall`, (None, why) and
     an ERROR saying what is lost."""
@@ -308,7 +312,7 @@ def _firewall(config: Config) -> tuple[Firewall | None, str]:
     except KernelError as exc:
         log.info("ipsets written with the ipset tool, not over netlink: %s", exc)
         writer = None
-    firewall = Firewall(reader=reader, writer=writer)
+    firewall = Firewall(commands=commands or Commands(), reader=reader, writer=writer)
     try:
         firewall.check()
     except KernelError as exc:
