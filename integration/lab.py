@@ -49,23 +49,40 @@ IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 
 def agent_command(
     *source: str,
-    health: int | None = None,
-    metrics: int | None = None,
+    command: str = "run",
+    netns: str | None = None,
+    program: Sequence[str] = (IPVSPROXY,),
+    node: str = "node-a",
+    service_cidr: str | None = "10.96.0.0/16",
+    backend: str | None = None,
+    min_sync_period: str | None = "200ms",
     sync_period: float | None = None,
+    health: int | None = 0,
+    metrics: int | None = 0,
     more: Sequence[str] = (),
 ) -> list[str]:
-    """`ipvsproxy run` as the VM tests start it on a lab: `source` (`--manifests DIR`,
-    `--kubeconfig FILE`), node-a, the Service CIDR 10.96.0.0/16, partial passes 200 ms apart,
-    health and metrics on 127.0.0.1 at the given ports or free ones."""
-    args = [
-        IPVSPROXY, "run", *source, "--hostname-override", "node-a",
-        "--service-cidr", "10.96.0.0/16", "--min-sync-period", "200ms",
-        "--healthz-bind-address", f"127.0.0.1:{health or free_port()}",
-        "--metrics-bind-address", f"127.0.0.1:{metrics or free_port()}",
-    ]  # fmt: skip
+    """`ipvsproxy run` as the tests and benches start it on a lab: `source` (`--manifests
+    DIR`, `--kubeconfig FILE`, with `--once` if wanted), node-a, the Service CIDR
+    10.96.0.0/16, partial passes 200 ms apart, health and metrics on 127.0.0.1 at the given
+    ports (0: a free one). None leaves a flag out (the agent's default); `command` may be
+    `diff` (with no run flags: min_sync_period, health and metrics None); `netns` runs it in
+    that namespace (`ip netns exec`); `program` is what to exec (a chroot's prefix and its
+    `ipvsproxy`, say); `more` goes last."""
+    args = [*program, command, *source, "--hostname-override", node]
+    if service_cidr is not None:
+        args += ["--service-cidr", service_cidr]
+    if backend is not None:
+        args += ["--backend", backend]
+    if min_sync_period is not None:
+        args += ["--min-sync-period", min_sync_period]
+    if health is not None:
+        args += ["--healthz-bind-address", f"127.0.0.1:{health or free_port()}"]
+    if metrics is not None:
+        args += ["--metrics-bind-address", f"127.0.0.1:{metrics or free_port()}"]
     if sync_period is not None:
         args += ["--sync-period", f"{sync_period}s"]
-    return [*args, *more]
+    prefix = ["ip", "netns", "exec", netns] if netns is not None else []
+    return [*prefix, *args, *more]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
