@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from integration.lab import PORT, Lab, built, inside
+from integration.lab import PORT, Lab, agent_command, built, inside
 from integration.services import CONFIG, NODE_IP
 from ipvsproxy.firewall.conntrack import forget_udp, udp_gone
 from ipvsproxy.host import sysctl as sysctls
@@ -30,7 +29,6 @@ HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
 NAMES = ("nf_conntrack_max", "nf_conntrack_tcp_timeout_established",
          "nf_conntrack_tcp_timeout_close_wait", "nf_conntrack_udp_timeout")  # fmt: skip
 VIP = "10.96.0.77"
-NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
 SERVICE = (
     "kind: Service\nmetadata: {name: s, namespace: x}\n"
     "spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n"
@@ -58,8 +56,8 @@ def conntrack() -> Iterator[None]:
 def run_once(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "svc.yaml").write_text(SERVICE)
     ran = subprocess.run(
-        [str(Path(sys.executable).parent / "ipvsproxy"), "run", "--once",
-         "--manifests", str(tmp_path), *NODE, *flags],
+        agent_command("--once", "--manifests", str(tmp_path), min_sync_period=None,
+                      health=None, metrics=None, more=flags),
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr

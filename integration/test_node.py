@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from integration.host import clean_ipvs, require
-from integration.lab import Lab
+from integration.lab import Lab, agent_command
 from integration.services import EXAMPLE_NODE_ADDRESS, EXAMPLE_PODS
 from ipvsproxy.schedulers import Scheduler
 
@@ -108,10 +108,8 @@ def _local_agent() -> Iterator[Expect]:
             ["ip", "addr", "add", f"{EXAMPLE_NODE_ADDRESS}/32", "dev", "vc1"], check=True
         )
         agent = subprocess.Popen(
-            [str(Path(sys.executable).parent / "ipvsproxy"), "run", "--manifests",
-             str(ROOT / "examples"), "--hostname-override", "node-a",
-             "--service-cidr", "10.96.0.0/16", "--healthz-bind-address", "127.0.0.1:10256",
-             "--metrics-bind-address", "127.0.0.1:10249"],
+            agent_command("--manifests", str(ROOT / "examples"), min_sync_period=None,
+                          health=10256, metrics=10249),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         services = [

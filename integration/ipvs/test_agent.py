@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from integration.host import STUCK, clean_ipvs
-from integration.lab import PORT, Lab, alive, connect, request, udp_request
+from integration.lab import PORT, Lab, agent_command, alive, connect, request, udp_request
 from tests import support
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
@@ -63,14 +63,10 @@ class Agent:
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
         self.metrics_port, self.health_port = free_port(), free_port()
-        self.args = [
-            str(Path(sys.executable).parent / "ipvsproxy"), "--log-format", "json",
-            "run", "--kubeconfig", str(kubeconfig), "--hostname-override", "node-a",
-            "--service-cidr", "10.96.0.0/16", "--min-sync-period", "200ms",
-            "--sync-period", f"{SYNC_PERIOD}s", "--drain-timeout", f"{DRAIN}s",
-            "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
-            "--healthz-bind-address", f"127.0.0.1:{self.health_port}",
-        ]  # fmt: skip
+        self.args = agent_command(
+            "--kubeconfig", str(kubeconfig), health=self.health_port, metrics=self.metrics_port,
+            sync_period=SYNC_PERIOD, more=("--log-format", "json", "--drain-timeout", f"{DRAIN}s"),
+        )  # fmt: skip
         self.log = log
         LOGS.append(log)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -282,8 +278,8 @@ def test_agent_end_to_end(world, tmp_path):
 
     # the dry run against the API agrees: nothing to do
     diff = subprocess.run(
-        [agent.args[0], "diff", "--kubeconfig", str(kubeconfig), "--hostname-override",
-         "node-a", "--service-cidr", "10.96.0.0/16"],
+        agent_command("--kubeconfig", str(kubeconfig), command="diff", min_sync_period=None,
+                      health=None, metrics=None),
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert diff.returncode == 0, diff.stdout + diff.stderr

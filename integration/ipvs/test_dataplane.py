@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from integration.host import clean_ipvs
-from integration.lab import PORT, Lab, connect, request
+from integration.lab import PORT, Lab, agent_command, connect, request
 from tests.factories import ep, node, port, service, slice_
 
 pytestmark = pytest.mark.vm
@@ -77,11 +76,8 @@ def test_node_address_external_ip_and_local_policy_without_local_endpoints(tmp_p
         manifests.mkdir()
         (manifests / "all.json").write_text(json.dumps({"kind": "List", "items": objects}))
         ran = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "ipvsproxy"), "run", "--once",
-                "--manifests", str(manifests), "--hostname-override", "node-a",
-                "--service-cidr", "10.96.0.0/16",
-            ],
+            agent_command("--once", "--manifests", str(manifests), min_sync_period=None,
+                          health=None, metrics=None),
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert ran.returncode == 0, ran.stderr[-3000:]

@@ -33,12 +33,11 @@ import pytest
 
 from integration import kube_proxy_layout as kube_proxy
 from integration.host import STUCK, clean_ipvs
-from integration.lab import IPVSPROXY, PORT, Lab, connect, request
+from integration.lab import IPVSPROXY, PORT, Lab, agent_command, connect, request
 from ipvsproxy.firewall.rules import PREFIX
 from tests import support
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
-from tests.support import free_port
 
 pytestmark = pytest.mark.vm
 
@@ -220,15 +219,13 @@ def start_agent(
     ):  # fmt: skip
         api.put(obj)
     log = tmp_path / "agent.log"
-    command = [
-        IPVSPROXY, "run", "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
-        "--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16",
-        "--cluster-cidr", CLUSTER_CIDR, "--detect-local-mode", "ClusterCIDR",
+    command = agent_command(
+        "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
         # the health port a DaemonSet's agent has (0.0.0.0:10256, here on loopback), where the
         # page's `cleanup --kube-proxy` asks whether this node is served yet
-        "--min-sync-period", "200ms", "--healthz-bind-address", "127.0.0.1:10256",
-        "--metrics-bind-address", f"127.0.0.1:{free_port()}",
-    ]  # fmt: skip
+        health=10256,
+        more=("--cluster-cidr", CLUSTER_CIDR, "--detect-local-mode", "ClusterCIDR"),
+    )  # fmt: skip
     with log.open("wb") as out:
         agent = subprocess.Popen(command, stdout=out, stderr=out)
     return agent, log, api

@@ -18,21 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.lab import IPVSPROXY
+from integration.lab import IPVSPROXY, agent_command
 from tests.factories import ep, node, port, service, slice_
 
 pytestmark = pytest.mark.vm
 
 LINK = "ipvsp-node"
 NODE_IP = "10.250.9.1"
-ARGS = (
-    "--hostname-override",
-    "node-a",
-    "--service-cidr",
-    "10.96.0.0/16",
-    "--nodeport-addresses",
-    "10.250.9.0/24",
-)
+NODE_PORTS = ("--nodeport-addresses", "10.250.9.0/24")
 
 
 def objects(*, with_services: bool) -> list[dict[str, Any]]:
@@ -69,6 +62,15 @@ def ipvsproxy(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def agent(command: str, *source: str) -> subprocess.CompletedProcess[str]:
+    """`ipvsproxy COMMAND SOURCE` as node-a, its NodePorts on the test address only."""
+    args = agent_command(
+        *source, command=command, min_sync_period=None, health=None, metrics=None,
+        more=NODE_PORTS,
+    )  # fmt: skip
+    return subprocess.run(args, capture_output=True, text=True, check=False, timeout=300)
+
+
 def table() -> str:
     return subprocess.run(["ipvsadm", "-Ln"], capture_output=True, text=True, check=True).stdout
 
@@ -81,10 +83,10 @@ def test_node_address_virtual_servers_go_with_their_service_across_restarts(
     node_address: None, tmp_path: Path
 ) -> None:
     manifest = tmp_path / "cluster.yaml"
-    source = ("--manifests", str(manifest), *ARGS)
+    source = ("--manifests", str(manifest))
     subprocess.run(["ipvsadm", "-A", "-t", f"{NODE_IP}:2223", "-s", "rr"], check=True)
     manifest.write_text(yaml.safe_dump_all(objects(with_services=True)))
-    done = ipvsproxy("run", "--once", *source)
+    done = agent("run", "--once", *source)
     assert done.returncode == 0, done.stderr
     assert has(2222)
     assert has(22)
@@ -95,18 +97,18 @@ def test_node_address_virtual_servers_go_with_their_service_across_restarts(
     assert f"{NODE_IP},tcp:2223" not in record  # the administrator's: never recorded
 
     manifest.write_text(yaml.safe_dump_all(objects(with_services=False)))  # both deleted
-    diff = ipvsproxy("diff", *source)
+    diff = agent("diff", *source)
     assert diff.returncode == 1, diff.stdout + diff.stderr
     assert f"-D -t {NODE_IP}:2222" in diff.stdout
     assert f"-D -t {NODE_IP}:22 " in diff.stdout
     assert "2223" not in diff.stdout
 
-    done = ipvsproxy("run", "--once", *source)
+    done = agent("run", "--once", *source)
     assert done.returncode == 0, done.stderr
     assert not has(2222)
     assert not has(22)
     assert has(2223)
-    assert ipvsproxy("diff", *source).returncode == 0
+    assert agent("diff", *source).returncode == 0
 
 
 def test_cleanup_removes_recorded_node_address_virtual_servers_and_nothing_foreign(
@@ -115,7 +117,7 @@ def test_cleanup_removes_recorded_node_address_virtual_servers_and_nothing_forei
     manifest = tmp_path / "cluster.yaml"
     subprocess.run(["ipvsadm", "-A", "-t", f"{NODE_IP}:2223", "-s", "rr"], check=True)
     manifest.write_text(yaml.safe_dump_all(objects(with_services=True)))
-    done = ipvsproxy("run", "--once", "--manifests", str(manifest), *ARGS)
+    done = agent("run", "--once", "--manifests", str(manifest))
     assert done.returncode == 0, done.stderr
     done = ipvsproxy("cleanup")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from integration.lab import IPVSPROXY
+from integration.lab import IPVSPROXY, agent_command
 
 pytestmark = pytest.mark.vm
 
-NODE = ["--hostname-override", "node-a", "--service-cidr", "10.96.0.0/16"]
 SERVICE = (
     "kind: Service\nmetadata: {name: web, namespace: demo}\n"
     "spec: {clusterIP: 10.96.0.40, ports: [{port: 80}]}\n"
@@ -42,8 +41,10 @@ def path_without(tmp_path: Path, *tools: str) -> str:
 def run(tmp_path: Path, path: str, *extra: str) -> subprocess.CompletedProcess[str]:
     manifest = tmp_path / "svc.yaml"
     manifest.write_text(SERVICE)
+    once = agent_command("--once", "--manifests", str(manifest), min_sync_period=None,
+                         health=None, metrics=None, more=extra)  # fmt: skip
     return subprocess.run(
-        [IPVSPROXY, "run", "--once", "--manifests", str(manifest), *NODE, *extra],
+        once,
         capture_output=True,
         text=True,
         env={**os.environ, "PATH": path},
