@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.lab import IPVSPROXY, PORT, Lab, built, inside, request
+from integration.lab import IPVSPROXY, PORT, Lab, agent_command, built, inside, request
 from tests.factories import ep, node, port, service, slice_
 from tests.support import eventually, free_port
 
@@ -83,12 +83,10 @@ def test_auto_falls_back_loudly_serves_traffic_and_follows_changes(lab, tmp_path
     manifest.write_text(yaml.safe_dump_all(objects(lab, 2)))
     metrics, health = free_port_in_node(), free_port_in_node()
     log = tmp_path / "agent.log"
-    args = [
-        "ip", "netns", "exec", NODE, IPVSPROXY, "--log-format", "json", "run",
-        "--manifests", str(manifest), "--hostname-override", "node-a",
-        "--min-sync-period", "100ms", "--metrics-bind-address", f"127.0.0.1:{metrics}",
-        "--healthz-bind-address", f"127.0.0.1:{health}",
-    ]  # fmt: skip
+    args = agent_command(
+        "--manifests", str(manifest), netns=NODE, service_cidr=None, min_sync_period="100ms",
+        health=health, metrics=metrics, more=("--log-format", "json"),
+    )  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=out)
     try:

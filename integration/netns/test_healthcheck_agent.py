@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from integration.lab import IPVSPROXY, inside
+from integration.lab import agent_command, inside
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
 from tests.support import eventually
@@ -71,10 +71,9 @@ def test_health_check_node_ports_and_node_eligibility(netns: str, tmp_path: Path
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         with (tmp_path / "agent.log").open("wb") as log:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", netns, IPVSPROXY, "run", "--kubeconfig", str(kubeconfig),
-                 "--hostname-override", "node-a", "--backend", "iptables",
-                 "--min-sync-period", "100ms", "--healthz-bind-address", "127.0.0.1:10256",
-                 "--metrics-bind-address", "127.0.0.1:10249"],
+                agent_command("--kubeconfig", str(kubeconfig), netns=netns, service_cidr=None,
+                              backend="iptables", min_sync_period="100ms", health=10256,
+                              metrics=10249),
                 stdout=log, stderr=log,
             )  # fmt: skip
 

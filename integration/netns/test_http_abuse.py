@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration.lab import IPVSPROXY, inside
+from integration.lab import agent_command, inside
 from tests.factories import ep, port, service, slice_
 from tests.support import eventually
 from tests.test_serve import PROBE_DEADLINE, Tricklers, p99, probe
@@ -48,10 +48,8 @@ def agent(netns: str, tmp_path: Path) -> Iterator[int]:
     )
     log = (tmp_path / "agent.log").open("wb")
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", netns, IPVSPROXY, "run", "--manifests", str(manifest),
-         "--hostname-override", "node-a", "--backend", "iptables",
-         "--healthz-bind-address", f"127.0.0.1:{HEALTHZ}",
-         "--metrics-bind-address", f"127.0.0.1:{METRICS}"],
+        agent_command("--manifests", str(manifest), netns=netns, service_cidr=None,
+                      backend="iptables", min_sync_period=None, health=HEALTHZ, metrics=METRICS),
         stdout=log, stderr=log,
     )  # fmt: skip
     try:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.lab import IPVSPROXY
+from integration.lab import agent_command
 from tests.factories import ep, node, port, service, slice_
 
 pytestmark = pytest.mark.netns
@@ -69,31 +69,32 @@ def test_node_address_rules_go_with_their_service_across_restarts(netns: str, tm
         input=f"*nat\n{FOREIGN}\nCOMMIT\n", text=True, check=True,
     )  # fmt: skip
     manifest = tmp_path / "cluster.yaml"
-    common = (
-        "--manifests",
-        str(manifest),
-        "--hostname-override",
-        "node-a",
-        "--backend",
-        "iptables",
-    )
+
+    def agent(command: str, *once: str) -> subprocess.CompletedProcess[str]:
+        args = agent_command(
+            *once, "--manifests", str(manifest), command=command, netns=netns,
+            service_cidr=None, backend="iptables", min_sync_period=None, health=None,
+            metrics=None,
+        )  # fmt: skip
+        return subprocess.run(args, capture_output=True, text=True, check=False)
+
     manifest.write_text(yaml.safe_dump_all(objects(with_services=True)))
-    done = run(IPVSPROXY, "run", "--once", *common, check=False)
+    done = agent("run", "--once")
     assert done.returncode == 0, done.stderr
     assert ours(nat(), 2222)
     assert ours(nat(), 22)
 
     manifest.write_text(yaml.safe_dump_all(objects(with_services=False)))  # both deleted
-    diff = run(IPVSPROXY, "diff", *common, check=False)  # a new process: nothing known
+    diff = agent("diff")  # a new process: nothing known
     assert diff.returncode == 1, diff.stdout + diff.stderr
     assert f"-D -t {NODE_IP}:2222" in diff.stdout
     assert f"-D -t {NODE_IP}:22" in diff.stdout
     assert "2223" not in diff.stdout
 
-    done = run(IPVSPROXY, "run", "--once", *common, check=False)
+    done = agent("run", "--once")
     assert done.returncode == 0, done.stderr
     assert not ours(nat(), 2222)
     assert not ours(nat(), 22)
     assert FOREIGN in nat()  # never ipvsproxy's
-    diff = run(IPVSPROXY, "diff", *common, check=False)
+    diff = agent("diff")
     assert diff.returncode == 0, diff.stdout + diff.stderr

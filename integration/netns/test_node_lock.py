@@ -20,7 +20,7 @@ import pytest
 import trustme
 import yaml
 
-from integration.lab import IPVSPROXY, inside
+from integration.lab import IPVSPROXY, agent_command, inside
 from tests.factories import ep, node, port, service, slice_
 from tests.support import eventually, free_port
 
@@ -65,11 +65,10 @@ def manifest(path: Path, vip: str) -> Path:
     return path
 
 
-def ports(ns: str) -> list[str]:
+def ports(ns: str) -> tuple[int, int]:
+    """Free metrics and health ports in `ns`."""
     with inside(ns):
-        metrics, health = free_port(), free_port()
-    return ["--metrics-bind-address", f"127.0.0.1:{metrics}",
-            "--healthz-bind-address", f"127.0.0.1:{health}"]  # fmt: skip
+        return free_port(), free_port()
 
 
 class Agent:
@@ -78,9 +77,12 @@ class Agent:
     def __init__(self, ns: str, tmp: Path, name: str, *extra: str) -> None:
         self.log = tmp / f"{name}.log"
         self.manifest = manifest(tmp / f"{name}.yaml", extra[0] if extra else "10.96.0.20")
-        args = ["ip", "netns", "exec", ns, IPVSPROXY, "--log-format", "json", "run", "--v", "2",
-                "--manifests", str(self.manifest), "--hostname-override", "node-a",
-                "--min-sync-period", "100ms", *ports(ns), *extra[1:]]  # fmt: skip
+        metrics, health = ports(ns)
+        args = agent_command(
+            "--manifests", str(self.manifest), netns=ns, service_cidr=None,
+            min_sync_period="100ms", health=health, metrics=metrics,
+            more=("--log-format", "json", "--v", "2", *extra[1:]),
+        )  # fmt: skip
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out)
 
@@ -222,8 +224,9 @@ def test_the_agent_leaves_its_client_key_in_no_file_even_after_kill_9(ns, tmp_pa
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     log = tmp_path / "agent.log"
-    args = ["ip", "netns", "exec", ns, IPVSPROXY, "run", "--kubeconfig", str(kubeconfig),
-            "--hostname-override", "node-a", *ports(ns)]  # fmt: skip
+    metrics, health = ports(ns)
+    args = agent_command("--kubeconfig", str(kubeconfig), netns=ns, service_cidr=None,
+                         min_sync_period=None, health=health, metrics=metrics)  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(
             args, stdout=out, stderr=out, env={**os.environ, "TMPDIR": str(tmpdir)}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration.lab import IPVSPROXY, inside
+from integration.lab import IPVSPROXY, agent_command, inside
 from tests.factories import ep, node, service, slice_
 from tests.support import eventually
 from tests.test_deploy import pod_spec
@@ -60,9 +60,9 @@ def test_status_answers_the_node_only_unless_opened(netns, other_netns, tmp_path
     log_path = tmp_path / "agent.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", netns, IPVSPROXY, "run", "--manifests", str(manifest),
-             "--hostname-override", "node-a", "--backend", "iptables", *flags,
-             *(["--status-remote"] if remote else [])],
+            agent_command("--manifests", str(manifest), netns=netns, service_cidr=None,
+                          backend="iptables", min_sync_period=None, health=None, metrics=None,
+                          more=[*flags, *(["--status-remote"] if remote else [])]),
             stdout=log, stderr=log,
         )  # fmt: skip
     try:

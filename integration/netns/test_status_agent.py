@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import yaml
 
-from integration.lab import IPVSPROXY, inside
+from integration.lab import IPVSPROXY, agent_command, inside
 from tests.factories import ep, node, port, service, slice_
 from tests.status.scene import SCHEMA
 from tests.support import eventually
@@ -52,9 +52,8 @@ def agent(netns: str, tmp_path: Path) -> Iterator[str]:
     manifest.write_text(yaml.safe_dump_all(objects))
     log = (tmp_path / "agent.log").open("wb")
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", netns, IPVSPROXY, "run", "--manifests", str(manifest),
-         "--hostname-override", "node-a", "--backend", "iptables",
-         "--healthz-bind-address", "127.0.0.1:10256"],
+        agent_command("--manifests", str(manifest), netns=netns, service_cidr=None,
+                      backend="iptables", min_sync_period=None, health=10256, metrics=None),
         stdout=log, stderr=log,
     )  # fmt: skip
     try:
