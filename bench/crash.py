@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import BENCH_NODE, RawObject, cluster, fresh_netns  # noqa: E402
 from bench.whole_path import (  # noqa: E402
-    IPVSPROXY,
-    NODE_FLAGS,
+    CLUSTER_CIDR,
     SERVICE_CIDR,
     ProcIpvs,
     api_server,
@@ -44,6 +43,7 @@ from bench.whole_path import (  # noqa: E402
     same_table,
     wait_for,
 )
+from integration.lab import agent_command  # noqa: E402
 from ipvsproxy.config import Config, parse_cidrs  # noqa: E402
 from ipvsproxy.model import IpvsState  # noqa: E402
 from ipvsproxy.saved_table import parse_save  # noqa: E402
@@ -90,18 +90,19 @@ class Crashes:
 
     def __init__(self, ns: str, api: Any, kubeconfig: Path, work: Path) -> None:
         self.ns, self.api, self.work = ns, api, work
-        self.cmd = [IPVSPROXY, "run", "--kubeconfig", str(kubeconfig), *NODE_FLAGS,
-                    "--min-sync-period", "1s", "--sync-period", "30s",
-                    "--metrics-bind-address", "127.0.0.1:0",
-                    "--healthz-bind-address", "127.0.0.1:0"]  # fmt: skip
+        self.cmd = agent_command(
+            "--kubeconfig", str(kubeconfig), netns=ns, node=BENCH_NODE, service_cidr=SERVICE_CIDR,
+            min_sync_period="1s", sync_period=30, health=None, metrics=None,
+            more=(*CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:0",
+                  "--healthz-bind-address", "127.0.0.1:0"),
+        )  # fmt: skip
         self.kernel = ProcIpvs(ns)
         self.logs = 0
 
     def start(self) -> subprocess.Popen[bytes]:
         self.logs += 1
         with (self.work / f"agent-{self.logs}.log").open("wb") as sink:
-            return subprocess.Popen(["ip", "netns", "exec", self.ns, *self.cmd],
-                                    stdout=sink, stderr=sink)  # fmt: skip
+            return subprocess.Popen(self.cmd, stdout=sink, stderr=sink)
 
     def foreign_intact(self) -> bool:
         saved = in_ns(self.ns, "ipvsadm-save", "-n", capture_output=True, check=True).stdout
@@ -203,8 +204,11 @@ def crash_rounds(
                 stop(proc)
                 rounds.append(Round(phase, moment, took, problem.strip()))
                 say(rounds[-1].line())
-            diff = in_ns(ns, IPVSPROXY, "diff", "--kubeconfig", str(work / "kubeconfig"),
-                         *NODE_FLAGS, capture_output=True)  # fmt: skip
+            diff = in_ns(ns, *agent_command(
+                "--kubeconfig", str(work / "kubeconfig"), command="diff", node=BENCH_NODE,
+                service_cidr=SERVICE_CIDR, min_sync_period=None, health=None, metrics=None,
+                more=CLUSTER_CIDR,
+            ), capture_output=True)  # fmt: skip
             if diff.returncode != 0:
                 rounds.append(Round("diff", 0, 0, f"diff exit {diff.returncode}: "
                                     f"{diff.stdout[-1500:]}{diff.stderr[-500:]}"))  # fmt: skip

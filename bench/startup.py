@@ -43,9 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import BENCH_NODE, cluster, fresh_netns  # noqa: E402
 from bench.whole_path import api_server  # noqa: E402
-from integration.lab import inside  # noqa: E402
+from integration.lab import IPVSPROXY, agent_command, inside  # noqa: E402
 
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
 HEALTH = 10256
 STEPS = ("health port up", "lists done", "ready")
 IMAGE_ENV = ("PATH=/opt/ipvsproxy/bin:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONDONTWRITEBYTECODE=1")
@@ -63,16 +62,19 @@ def readyz(ns: str) -> tuple[int, dict[str, object]] | None:
         return None
 
 
-def agent_command(ns: str, kubeconfig: Path, root: Path | None) -> list[str]:
-    flags = ["--hostname-override", BENCH_NODE, "--service-cidr", "10.96.0.0/16",
-             "--backend", "iptables", "--healthz-bind-address", f"127.0.0.1:{HEALTH}",
-             "--metrics-bind-address", "127.0.0.1:0"]  # fmt: skip
-    if root is None:
-        return ["ip", "netns", "exec", ns, IPVSPROXY, "run", "--kubeconfig", str(kubeconfig),
-                *flags]  # fmt: skip
-    shutil.copy(kubeconfig, root / "tmp" / "kubeconfig")
-    return ["ip", "netns", "exec", ns, "chroot", str(root), "/usr/bin/env", "-i", *IMAGE_ENV,
-            "ipvsproxy", "run", "--kubeconfig", "/tmp/kubeconfig", *flags]  # fmt: skip
+def start_command(ns: str, kubeconfig: Path, root: Path | None) -> list[str]:
+    """The agent in `ns`: this interpreter's, or with `root` the image's (chroot, the
+    kubeconfig copied in); metrics on a port the kernel picks."""
+    program: tuple[str, ...] = (IPVSPROXY,)
+    if root is not None:
+        shutil.copy(kubeconfig, root / "tmp" / "kubeconfig")
+        program = ("chroot", str(root), "/usr/bin/env", "-i", *IMAGE_ENV, "ipvsproxy")
+        kubeconfig = Path("/tmp/kubeconfig")
+    return agent_command(
+        "--kubeconfig", str(kubeconfig), netns=ns, program=program, node=BENCH_NODE,
+        backend="iptables", min_sync_period=None, health=HEALTH, metrics=None,
+        more=("--metrics-bind-address", "127.0.0.1:0"),
+    )  # fmt: skip
 
 
 @contextmanager
@@ -107,7 +109,7 @@ def one_start(objects: list[dict[str, object]], work: Path, root: Path | None) -
         seen: dict[str, float] = {}
         with (work / "agent.log").open("wb") as log:
             started = time.monotonic()
-            proc = subprocess.Popen(agent_command(ns, kubeconfig, root), stdout=log, stderr=log)
+            proc = subprocess.Popen(start_command(ns, kubeconfig, root), stdout=log, stderr=log)
         try:
             while len(seen) < len(STEPS):
                 if proc.poll() is not None:

@@ -64,19 +64,14 @@ from bench.common import (  # noqa: E402
     pod_ip,
     timed,
 )
-from integration.lab import inside  # noqa: E402
+from integration.lab import agent_command, inside  # noqa: E402
 from ipvsproxy.config import Config, parse_cidrs  # noqa: E402
 from ipvsproxy.model import IpvsState  # noqa: E402
 from ipvsproxy.saved_table import parse_save, render_save  # noqa: E402
 from tests.factories import from_objects  # noqa: E402
 
 SERVICE_CIDR = "10.96.0.0/16"
-IPVSPROXY = str(Path(sys.executable).parent / "ipvsproxy")
-NODE_FLAGS = [
-    "--hostname-override", BENCH_NODE,
-    "--service-cidr", SERVICE_CIDR,
-    "--cluster-cidr", POD_NETWORK,  # the firewall's masquerade rules, as kube-proxy runs
-]  # fmt: skip
+CLUSTER_CIDR = ("--cluster-cidr", POD_NETWORK)  # the firewall's masquerade rules, as kube-proxy
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -166,7 +161,10 @@ def floors(state: IpvsState, repeat: int, out: Results) -> tuple[float, float]:
 def run_once(manifest: Path, want: IpvsState, out: Results) -> float:
     """The console script in a fresh namespace; exit status and table checked."""
     with fresh_netns() as ns:
-        args = [IPVSPROXY, "run", "--manifests", str(manifest), "--once", *NODE_FLAGS]
+        args = agent_command(
+            "--manifests", str(manifest), "--once", node=BENCH_NODE, service_cidr=SERVICE_CIDR,
+            min_sync_period=None, health=None, metrics=None, more=CLUSTER_CIDR,
+        )  # fmt: skip
         result: list[subprocess.CompletedProcess[str]] = []
         seconds = timed(lambda: result.append(in_ns(ns, *args, capture_output=True)))
         proc = result[0]
@@ -364,17 +362,16 @@ def agent_rows(
     with fresh_netns() as ns, api_server(ns, objects) as api:
         kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         log_path = work / "agent.log"
-        cmd = [
-            IPVSPROXY, "--log-format", "json", "run", "--v", "2", "--kubeconfig", str(kubeconfig),
-            *NODE_FLAGS,
-            "--min-sync-period", f"{args.min_sync_period}s",
-            "--sync-period", f"{args.sync_period}s",
-        ]  # fmt: skip
+        cmd = agent_command(
+            "--kubeconfig", str(kubeconfig), netns=ns, node=BENCH_NODE, service_cidr=SERVICE_CIDR,
+            min_sync_period=f"{args.min_sync_period}s", sync_period=args.sync_period,
+            health=None, metrics=None, more=(*CLUSTER_CIDR, "--log-format", "json", "--v", "2"),
+        )  # fmt: skip
         kernel = ProcIpvs(ns)
         say("agent: starting")
         with log_path.open("wb") as sink:
             started = time.monotonic()
-            proc = subprocess.Popen(["ip", "netns", "exec", ns, *cmd], stdout=sink, stderr=sink)
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=sink)
         run = AgentRun(ns, AgentLog(log_path), proc, kernel)
         try:
             _agent_measure(run, api, objects, want, (vss, rss), started, args, out)
