@@ -152,7 +152,11 @@ def nft_tables(listed: str) -> list[tuple[str, str]]:
 
 
 def _nft(commands: Commands, *, dry_run: bool) -> list[str]:
-    if shutil.which("nft") is None:
+    if shutil.which("nft") is None:  # said: kube-proxy's nftables mode would stay unseen
+        log.warning(
+            "nft is not installed: kube-proxy's nftables tables (its nftables mode) are not "
+            "looked for, and would stay"
+        )
         return []
     try:
         found = nft_tables(commands.run(["nft", "list", "tables"]))

@@ -72,3 +72,28 @@ def test_no_module_of_ipvsproxy_imports_the_asyncio_client_the_image_leaves_out(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
     assert out.strip() == "[]"
+
+
+# Every tool the product runs on a node, and the Debian package the image gets it from. On the
+# real node, an image without nft made `cleanup --kube-proxy` pass kube-proxy's nftables-mode
+# tables by, and their DNAT rules, in front of IPVS, kept sending new connections to deleted pods.
+TOOLS = {
+    "ip": "iproute2",  # the dummy device's fallback path, operators
+    "iptables": "iptables",  # the firewall's rules, the fallback backend, kube-proxy's clean-up
+    "ipset": "ipset",  # the firewall's sets (the tool's fallback path), kube-proxy's clean-up
+    "nft": "nftables",  # kube-proxy's nftables-mode tables (cleanup --kube-proxy)
+    "modprobe": "kmod",  # prepare: the IPVS modules
+    "sysctl": "procps",  # operators; prepare writes /proc/sys itself
+    "conntrack": "conntrack",  # the UDP flows of removed endpoints
+    "ipvsadm": "ipvsadm",  # operators: ipvsadm -Ln (docs/migration.md's way back)
+}
+
+
+def test_the_image_installs_every_tool_the_product_runs():
+    text = (ROOT / "Containerfile").read_text()
+    final = text[text.rindex("\nFROM ") :]  # the image's own stage, not the build stage's
+    command = re.search(r"apt-get install ([^&]*)", final)
+    assert command is not None
+    installed = set(command.group(1).replace("\\", " ").split())
+    missing = {tool: package for tool, package in TOOLS.items() if package not in installed}
+    assert not missing, f"the image lacks {missing}"

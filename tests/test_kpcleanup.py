@@ -135,3 +135,12 @@ def test_nftables_modes_tables_go_in_one_transaction(dry_run, monkeypatch):
     writes = [(args, stdin) for args, stdin in commands.ran if args[:2] == ["nft", "-f"]]
     expected = "delete table ip kube-proxy\ndelete table ip6 kube-proxy\n"
     assert writes == ([] if dry_run else [(["nft", "-f", "-"], expected)])
+
+
+def test_without_nft_the_clean_up_says_it_did_not_look_for_nftables_mode(monkeypatch, caplog):
+    """An image without nft once reported 'nothing of kube-proxy's found' beside kube-proxy's
+    nftables tables, which went on DNATing new connections to deleted pods."""
+    monkeypatch.setattr("ipvsproxy.kpcleanup.shutil.which", lambda tool: None)
+    removed = cleanup_kube_proxy(Config(), dry_run=True, commands=ScriptedCommands({}))  # type: ignore[arg-type]
+    assert removed == []
+    assert "nft is not installed: kube-proxy's nftables tables" in caplog.text
