@@ -168,7 +168,7 @@ def test_ipvs_is_guarded_only_when_the_firewall_lacks_a_family(monkeypatch, vers
 
     monkeypatch.setattr(backends, "_ipvs", lambda config: nullcontext(FakeKernel()))
     firewall = Firewall(versions=versions)
-    monkeypatch.setattr(backends, "_firewall", lambda config: (firewall, ""))
+    monkeypatch.setattr(backends, "_firewall", lambda config, commands=None: (firewall, ""))
     with _ipvs_backend(Config(), "test") as backend:
         assert isinstance(backend.kernel, FailClosed) is guarded
         assert backend.firewall is firewall
