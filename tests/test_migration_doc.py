@@ -148,7 +148,15 @@ def test_readiness_is_awaited_on_the_new_pod_by_name():
 
 def test_the_debugger_pods_are_deleted_and_the_patch_rollout_awaited():
     debugs = [c for c in commands() if c[:2] == ["kubectl", "debug"]]
-    assert len(debugs) == 3
+    assert len(debugs) == 4
+    # the way back from iptables or nftables mode waits for kube-proxy's first sync before
+    # ipvsproxy's table goes (on the real node a slow kube-proxy left 52 s unserved)
+    waits = [i for i, c in enumerate(debugs) if "until" in " ".join(c)]
+    (cleanup,) = [i for i, c in enumerate(debugs) if c[-2:] == ["ipvsproxy", "cleanup"]]
+    assert waits
+    assert waits[0] < cleanup
+    assert "KUBE-SERVICES" in " ".join(debugs[waits[0]])
+    assert "service-ips" in " ".join(debugs[waits[0]])
     assert ["kubectl", "delete", "$DEBUGGERS"] in commands()
     assert ["kubectl", "-n", "kube-system", "rollout", "status", "daemonset", "kube-proxy",
             "--timeout=15m"] in commands()  # fmt: skip
