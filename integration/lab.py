@@ -36,7 +36,7 @@ from integration.host import clean_ipvs, skip_unless_ci
 from ipvsproxy.agent import build_proxier
 from ipvsproxy.backends import IPVS, open_backend
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.host_firewall import Firewall
+from ipvsproxy.firewall.firewall_plan import HostFirewall
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.proxier import PassResult
 from tests.factories import ep, node, port, service, slice_
@@ -396,7 +396,7 @@ SYSCTLS = (
 class Node:
     """One node: its namespace, its lab of pods, ipvsproxy's kernel state in it."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, *, firewall: str = "auto") -> None:
         self.name, self.ns, self.address = f"node-{n}", f"ipvsp-n{n}", f"{LAN}.{n}"
         self.lab = Lab(node=self.ns, tag=f"n{n}")
         for setting in SYSCTLS:
@@ -408,6 +408,7 @@ class Node:
             detect_local_mode="ClusterCIDR",
             nodeport_cidrs=(ip_network(f"{LAN}.0/24"),),
             backend=IPVS,
+            firewall=firewall,
         )
         # the backend and the pass as the agent obtains them (backends.open_backend,
         # agent.build_proxier): sockets opened in the node's namespace, tools run in it
@@ -416,7 +417,7 @@ class Node:
         with inside(self.ns):
             self.backend = self._opened.enter_context(open_backend(self.config, commands=commands))
         assert self.backend.firewall is not None
-        self.firewall: Firewall = self.backend.firewall
+        self.firewall: HostFirewall = self.backend.firewall
         self.firewall_s = 0.0  # the last firewall step's duration
         self.synced = Synced(build_proxier(self.config, self.backend))
 
@@ -450,10 +451,11 @@ def two_nodes(
     pods: tuple[tuple[str, ...], tuple[str, ...]],
     *,
     configure: Callable[[Node], None] | None = None,
+    firewall: str = "auto",
 ) -> Iterator[tuple[Node, Node]]:
     """Two nodes on the bridge ipvsp-br with `pods` behind each (node 1's, node 2's), routed
     to each other's pods, from an empty IPVS table; `configure` adjusts each node before its
-    pods are added. Everything is removed when the block ends."""
+    pods are added; `firewall`: their --firewall. Everything is removed when the block ends."""
 
     clean_ipvs()
     subprocess.run(["ip", "link", "del", "ipvsp-br"], capture_output=True, check=False)
@@ -461,7 +463,7 @@ def two_nodes(
     sh("ip", "link", "set", "ipvsp-br", "up")
     nodes: list[Node] = []
     try:
-        nodes = [Node(1), Node(2)]
+        nodes = [Node(1, firewall=firewall), Node(2, firewall=firewall)]
         n1, n2 = nodes
         if configure is not None:
             for n in nodes:

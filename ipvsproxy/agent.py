@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from ipvsproxy import backends, nodelock
 from ipvsproxy.backends import (
     BACKENDS,
+    FIREWALLS,
     IPTABLES,
     open_backend,
     prepare,
@@ -377,6 +378,8 @@ class Agent:
         prepare(backend, config)
         remove_leftovers(backend, config)
         metrics.use_backend(backend.name, others=BACKENDS)
+        if backend.firewall is not None:
+            metrics.use_firewall(backend.firewall.name, others=FIREWALLS)
         self._health.use_backend(backend.detail)
         log.info("backend: %s (%s)", backend.name, backend.reason)
         # The kernel's traffic counters for /metrics (--service-metrics) and the status: one
@@ -409,6 +412,7 @@ class Agent:
             sampler=Sampler(traffic_reader),
             backend=backend.name,
             config=config,
+            firewall=backend.firewall.name if backend.firewall is not None else None,
         )
         stack.callback(self._service_health.close)
         server = _serve_metrics(

@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING
 from ipvsproxy.config import Config
 from ipvsproxy.errors import FallbackRefused, KernelError, KernelUnavailable, Unsupported
 from ipvsproxy.fallback import IptablesKernel
+from ipvsproxy.firewall.firewall_plan import HostFirewall
 from ipvsproxy.firewall.host_firewall import Firewall
+from ipvsproxy.firewall.ipset import SetChange
 from ipvsproxy.firewall.kube_proxy import NodePort, adopted
+from ipvsproxy.firewall.nft_firewall import NftFirewall
 from ipvsproxy.firewall.set_reader import SetReader
 from ipvsproxy.firewall.set_writer import SetWriter
-from ipvsproxy.firewall.sets import recorded
+from ipvsproxy.firewall.sets import CREATED, record_of, recorded
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.kernel import AccessMap, ApplyReport, Failure, Kernel
 from ipvsproxy.model import (
@@ -59,6 +62,8 @@ log = logging.getLogger(__name__)
 
 IPVS, IPTABLES = "ipvs", "iptables"
 BACKENDS = (IPVS, IPTABLES)
+NFTABLES = "nftables"
+FIREWALLS = (NFTABLES, IPTABLES)  # --firewall: IPVS mode's firewall rules
 
 
 LOST_WITHOUT_COMPANION = (
@@ -80,8 +85,9 @@ class Backend:
     name: str  # "ipvs" or "iptables"
     reason: str
     fallback: bool = False  # iptables because IPVS is not usable here
-    firewall: Firewall | None = None  # IPVS: its firewall rules (None: none)
+    firewall: HostFirewall | None = None  # IPVS: its firewall rules (None: none)
     firewall_missing: str = ""  # IPVS without them (--allow-no-firewall-rules): why
+    firewall_reason: str = ""  # why this implementation of them (--firewall)
 
     @property
     def detail(self) -> dict[str, object]:
@@ -89,6 +95,9 @@ class Backend:
         detail: dict[str, object] = {"backend": self.name, "backendReason": self.reason}
         if self.fallback:
             detail["fallback"] = True
+        if self.firewall is not None:
+            detail["firewall"] = self.firewall.name
+            detail["firewallReason"] = self.firewall_reason
         if self.firewall_missing:
             detail["firewallRules"] = f"disabled: {self.firewall_missing}"
         return detail
@@ -137,12 +146,20 @@ def _ipvs_backend(
     (opening them changes nothing). A family the firewall cannot protect (IPv6 without
     ip6tables) gets no virtual server or VIP at all: `FailClosed`."""
     with _ipvs(config) as ipvs:
-        firewall, missing = _firewall(config, commands)
+        firewall, why = _firewall(config, commands)
+        missing = why if firewall is None else ""
         kernel: Kernel = ipvs
         if firewall is not None and firewall.versions != (4, 6):
             kernel = FailClosed(ipvs, firewall.versions)
         try:
-            yield Backend(kernel, IPVS, reason, firewall=firewall, firewall_missing=missing)
+            yield Backend(
+                kernel,
+                IPVS,
+                reason,
+                firewall=firewall,
+                firewall_missing=missing,
+                firewall_reason=why if firewall is not None else "",
+            )
         finally:
             if firewall is not None:
                 firewall.close()
@@ -276,17 +293,23 @@ def _load_modules(config: Config) -> list[str]:
 
 
 def remove_leftovers(backend: Backend, config: Config, *, dry_run: bool = False) -> list[str]:
-    """The other backend's objects, removed: the backend changed since the last run (with
+    """The other backend's objects, and the other firewall implementation's (with IPVS),
+    removed: the choice changed since the last run (with
     `dry_run`, only found and listed)."""
     if backend.name == IPVS:
         removed = _iptables_cleanup(dry_run=dry_run)
     else:
         removed = _ipvs_cleanup(config, dry_run=dry_run)
+    switched = (
+        [] if backend.firewall is None else switch_firewall(backend.firewall, dry_run=dry_run)
+    )
     if dry_run:
-        return removed
+        return removed + switched
     for item in removed:
         log.warning("removed a leftover of the %s backend: %s", _other(backend.name), item)
-    return removed
+    for item in switched:
+        log.warning("removed a leftover of the other firewall implementation: %s", item)
+    return removed + switched
 
 
 def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
@@ -298,10 +321,62 @@ def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
     return _ipvs_cleanup(config, dry_run=dry_run) + _iptables_cleanup(dry_run=dry_run)
 
 
-def _firewall(config: Config, commands: Commands | None = None) -> tuple[Firewall | None, str]:
-    """The firewall rules, checked: (firewall, "") when usable. Without a tool they need:
-    FirewallUnavailable naming it, or, with `config.allow_no_firewall`, (None, why) and
-    an ERROR saying what is lost."""
+def _firewall(config: Config, commands: Commands | None = None) -> tuple[HostFirewall | None, str]:
+    """The firewall rules `config.firewall` asks for, checked: (firewall, why this one).
+    auto: nftables where the kernel takes ipvsproxy's table and `nft` works, else iptables
+    and ipsets. Without what they need: FirewallUnavailable naming it, or, with
+    `config.allow_no_firewall`, (None, why) and an ERROR saying what is lost."""
+    commands = commands or Commands()
+    refused = ""
+    if config.firewall in ("auto", NFTABLES):
+        nft = NftFirewall(commands=commands)
+        try:
+            nft.check()
+        except KernelError as exc:
+            nft.close()
+            refused = f"nftables: {exc}"
+        else:
+            why = f"--firewall {config.firewall}"
+            if config.firewall == "auto":
+                why += ": the kernel takes ipvsproxy's nftables table"
+            log.info("firewall rules: nftables, table %s (%s)", "inet ipvsproxy", why)
+            return nft, why
+        if config.firewall == NFTABLES:
+            why = refused.removeprefix("nftables: ")
+            return _no_firewall(config, f"the firewall nftables table cannot be used: {why}")
+    firewall = _iptables_firewall(commands)
+    try:
+        firewall.check()
+    except KernelError as exc:
+        firewall.close()
+        why = f"the firewall iptables/ipset rules cannot be used: {exc}"
+        return _no_firewall(config, f"{why}; {refused}" if refused else why)
+    why = f"--firewall {config.firewall}"
+    if refused:
+        why += f": {refused}"
+        log.warning("firewall rules: iptables and ipsets, as nftables is refused (%s)", refused)
+    else:
+        log.info("firewall rules: iptables and ipsets (%s)", why)
+    return firewall, why
+
+
+def _no_firewall(config: Config, why: str) -> tuple[None, str]:
+    """FirewallUnavailable, or with --allow-no-firewall-rules (None, why) and an ERROR."""
+    if not config.allow_no_firewall:
+        raise FirewallUnavailable(
+            f"{why}; IPVS without them would mean {LOST_WITHOUT_COMPANION}. Install "
+            "the missing tool, or pass --allow-no-firewall-rules to run without them"
+        )
+    log.error(
+        "%s; running without them as --allow-no-firewall-rules asks: %s",
+        why,
+        LOST_WITHOUT_COMPANION,
+    )
+    return None, why
+
+
+def _iptables_firewall(commands: Commands) -> Firewall:
+    """The iptables firewall, its sets read and written over netlink where it can."""
     try:  # the sets read over netlink: `ipset save` is slow where /etc is (see nlread.py)
         reader: SetReader | None = SetReader()
     except KernelError as exc:
@@ -312,34 +387,57 @@ def _firewall(config: Config, commands: Commands | None = None) -> tuple[Firewal
     except KernelError as exc:
         log.info("ipsets written with the ipset tool, not over netlink: %s", exc)
         writer = None
-    firewall = Firewall(commands=commands or Commands(), reader=reader, writer=writer)
-    try:
-        firewall.check()
-    except KernelError as exc:
-        firewall.close()
-        why = f"the firewall iptables/ipset rules cannot be used: {exc}"
-        if not config.allow_no_firewall:
-            raise FirewallUnavailable(
-                f"{why}; IPVS without them would mean {LOST_WITHOUT_COMPANION}. Install "
-                "the missing tool, or pass --allow-no-firewall-rules to run without them"
-            ) from exc
-        log.error(
-            "%s; running without them as --allow-no-firewall-rules asks: %s",
-            why,
-            LOST_WITHOUT_COMPANION,
-        )
-        return None, str(exc)
-    return firewall, ""
+    return Firewall(commands=commands, reader=reader, writer=writer)
 
 
-def _firewall_cleanup(*, dry_run: bool) -> list[str]:
-    firewall = Firewall()
-    try:
-        firewall.check()
-        return firewall.cleanup(dry_run=dry_run)
-    except KernelError as exc:
-        log.debug("no firewall rules to clean up: %s", exc)
-        return []
+def _firewall_cleanup(*, dry_run: bool, keep: str = "") -> list[str]:
+    """Both implementations' firewall rules and sets (all but `keep`'s, by name)."""
+    removed: list[str] = []
+    for firewall in _both_firewalls():
+        if firewall.name == keep:
+            continue
+        try:
+            firewall.check()
+            removed += firewall.cleanup(dry_run=dry_run)
+        except KernelError as exc:
+            log.debug("no %s firewall rules to clean up: %s", firewall.name, exc)
+        finally:
+            firewall.close()
+    return removed
+
+
+def _both_firewalls() -> tuple[HostFirewall, ...]:
+    return (NftFirewall(), Firewall())
+
+
+def switch_firewall(firewall: HostFirewall, *, dry_run: bool = False) -> list[str]:
+    """The other implementation's firewall, removed (the choice changed since the last run):
+    its record of the virtual servers ipvsproxy made on node addresses first copied into
+    `firewall`'s, so that none of them is ever in neither record (an agent killed in
+    between still knows them)."""
+    for other in _both_firewalls():
+        if other.name == firewall.name:
+            continue
+        try:
+            other.check()
+            keys = recorded(other.observe_sets())
+        except KernelError as exc:
+            log.debug("no %s firewall to remove: %s", other.name, exc)
+            other.close()
+            continue
+        other.close()
+        if keys and not dry_run:
+            entries: dict[int, list[str]] = {}
+            for key in keys:
+                entries.setdefault(key.address.version, []).append(record_of(key)[1])
+            firewall.write_sets(
+                SetChange(
+                    CREATED.name(v), CREATED.kind, v, True, tuple(sorted(e)), wanted=frozenset(e)
+                )  # fmt: skip
+                for v, e in sorted(entries.items())
+                if v in firewall.versions
+            )
+    return _firewall_cleanup(dry_run=dry_run, keep=firewall.name)
 
 
 def traffic_kernel(backend: Backend) -> Counted:
@@ -395,14 +493,18 @@ def _ipvs_cleanup(config: Config, *, dry_run: bool) -> list[str]:
 
 
 def _recorded() -> frozenset[VSKey] | None:
-    """The virtual servers ipvsproxy's record set lists (None when it cannot be read)."""
-    firewall = Firewall()
-    try:
-        firewall.check()
-        return recorded(firewall.observe_sets())
-    except KernelError as exc:
-        log.debug("no record of ipvsproxy's virtual servers: %s", exc)
-        return None
+    """The virtual servers ipvsproxy's record sets list, in either implementation of the
+    firewall (None when neither can be read)."""
+    found: frozenset[VSKey] | None = None
+    for firewall in _both_firewalls():
+        try:
+            firewall.check()
+            found = (found or frozenset()) | recorded(firewall.observe_sets())
+        except KernelError as exc:
+            log.debug("no record of ipvsproxy's virtual servers in %s: %s", firewall.name, exc)
+        finally:
+            firewall.close()
+    return found
 
 
 def ipvs_cleanup(

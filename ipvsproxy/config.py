@@ -45,6 +45,9 @@ class Config:
     # IPVS may run without the firewall rules' tools (--allow-no-firewall-rules): no VIP
     # port filter, no loadBalancerSourceRanges, no masquerade. Default: refuse to start.
     allow_no_firewall: bool = False
+    # IPVS mode's firewall rules: nftables | iptables | auto (nftables where the kernel takes
+    # ipvsproxy's table and `nft` works, else iptables and ipsets)
+    firewall: str = "auto"
     strict_arp: bool = False
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
     tcp_fin_timeout: int = 0

@@ -15,6 +15,7 @@ from ipvsproxy.backends import FirewallUnavailable, _firewall
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.host_firewall import Firewall
+from ipvsproxy.firewall.nft_firewall import NftFirewall
 from ipvsproxy.host.commands import Commands
 
 
@@ -62,7 +63,7 @@ def test_a_missing_tool_refuses_the_start_naming_it(monkeypatch, tmp_path, prese
     no_netlink(monkeypatch)
     monkeypatch.setenv("PATH", path_with(tmp_path, *present))
     with pytest.raises(FirewallUnavailable) as refused:
-        _firewall(Config())
+        _firewall(Config(firewall="iptables"))
     message = str(refused.value)
     assert f"{missing} not found on PATH" in message
     assert "--allow-no-firewall-rules" in message
@@ -80,18 +81,54 @@ def test_with_netlink_sets_the_ipset_tool_is_not_needed(monkeypatch, tmp_path):
         return ""
 
     monkeypatch.setattr(Commands, "run", record)
-    firewall, missing = _firewall(Config())
+    firewall, why = _firewall(Config(firewall="iptables"))
     assert [args[0] for args in ran] == ["iptables-save", "ip6tables-save"]  # no ipset
     assert firewall is not None
     firewall.close()
-    assert missing == ""
+    assert why == "--firewall iptables"
+
+
+def test_auto_takes_nftables_where_the_kernel_takes_the_table(monkeypatch, caplog):
+    checked: list[str] = []
+    monkeypatch.setattr(NftFirewall, "check", lambda self: checked.append("nft"))
+    with caplog.at_level(logging.INFO, logger="ipvsproxy.backends"):
+        firewall, why = _firewall(Config())
+    assert firewall is not None
+    assert firewall.name == "nftables"
+    assert checked == ["nft"]
+    assert why == "--firewall auto: the kernel takes ipvsproxy's nftables table"
+    assert "firewall rules: nftables, table inet ipvsproxy" in caplog.text
+
+
+def test_auto_without_nftables_says_why_it_takes_iptables(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(backends, "SetReader", Socket)
+    monkeypatch.setattr(backends, "SetWriter", Socket)
+    monkeypatch.setenv("PATH", path_with(tmp_path, "iptables-save", "iptables-restore"))
+    monkeypatch.setattr(Commands, "run", lambda self, args, stdin=None: "")
+    with caplog.at_level(logging.WARNING, logger="ipvsproxy.backends"):
+        firewall, why = _firewall(Config())
+    assert firewall is not None
+    assert firewall.name == "iptables"
+    firewall.close()
+    assert why == "--firewall auto: nftables: nft not found on PATH"
+    (record,) = caplog.records
+    assert "iptables and ipsets, as nftables is refused (nftables: nft not found" in record.message
+
+
+def test_nftables_asked_for_and_refused_stops_the_start_naming_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", path_with(tmp_path, "iptables-save", "iptables-restore", "ipset"))
+    with pytest.raises(FirewallUnavailable) as refused:
+        _firewall(Config(firewall="nftables"))
+    message = str(refused.value)
+    assert "nftables table cannot be used: nft not found on PATH" in message
+    assert "--allow-no-firewall-rules" in message
 
 
 def test_the_explicit_flag_runs_without_them_and_says_what_is_lost(monkeypatch, tmp_path, caplog):
     no_netlink(monkeypatch)
     monkeypatch.setenv("PATH", path_with(tmp_path, "iptables-save", "ipset"))
     with caplog.at_level(logging.ERROR, logger="ipvsproxy.backends"):
-        firewall, missing = _firewall(Config(allow_no_firewall=True))
+        firewall, missing = _firewall(Config(allow_no_firewall=True, firewall="iptables"))
     assert firewall is None
     assert "iptables-restore" in missing
     (record,) = caplog.records

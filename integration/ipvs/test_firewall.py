@@ -1,7 +1,9 @@
-"""IPVS mode beyond one node: the firewall ipsets and iptables rules, on the real kernel.
+"""IPVS mode beyond one node: the firewall rules, on the real kernel, in both their
+implementations (`--firewall nftables`: one nftables table; `--firewall iptables`: ipsets and
+iptables chains): every test runs over each.
 
-Two "nodes" are network namespaces, each with its own IPVS table, dummy device, ipsets and
-iptables (all per namespace), programmed by ipvsproxy's own sync path; pods are namespaces
+Two "nodes" are network namespaces, each with its own IPVS table, dummy device and firewall
+(all per namespace), programmed by ipvsproxy's own sync path; pods are namespaces
 behind their node; outside clients sit with both nodes on one bridge (192.168.50.0/24).
 
   client ext1 .100 ─┐                         ┌─ pods 10.244.1.2, .3 (node1)
@@ -11,6 +13,7 @@ behind their node; outside clients sit with both nodes on one bridge (192.168.50
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -41,9 +44,11 @@ from tests.factories import from_objects, port, service
 pytestmark = pytest.mark.vm
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[Node, Node, list[str]]]:
-    with two_nodes((("10.244.1.2", "10.244.1.3"), ("10.244.2.2",))) as (n1, n2):
+@pytest.fixture(scope="module", params=["nftables", "iptables"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Node, Node, list[str]]]:
+    pods = (("10.244.1.2", "10.244.1.3"), ("10.244.2.2",))
+    with two_nodes(pods, firewall=request.param) as (n1, n2):
+        assert n1.firewall.name == request.param
         clients: list[str] = []
         try:
             for i, last in enumerate((100, 200), 1):
@@ -193,18 +198,40 @@ def _udp_flows(ns: str, reply_source: str) -> list[str]:
     return [line for line in listed.splitlines() if line.strip()]
 
 
-def _rules(ns: str) -> int:
+def _rules(node: Node) -> int:
+    """ipvsproxy's rules on the node, as the firewall's own tool lists them."""
+    if node.firewall.name == "nftables":
+        listed = json.loads(_in(node.ns, "nft", "-j", "list", "table", "inet", "ipvsproxy"))
+        return sum(1 for item in listed["nftables"] if "rule" in item)
     text = ""
     for table in ("nat", "filter"):
-        text += subprocess.run(["ip", "netns", "exec", ns, "iptables-save", "-t", table],
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        text += _in(node.ns, "iptables-save", "-t", table)
     return sum(1 for line in text.splitlines() if line.startswith("-A") and "IPVSPROXY" in line)
 
 
-def _set(ns: str, name: str) -> set[str]:
-    saved = subprocess.run(["ip", "netns", "exec", ns, "ipset", "save", name],
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
-    return {line.split()[2] for line in saved.splitlines() if line.startswith("add ")}
+def _set(node: Node, name: str) -> set[str]:
+    """A set's entries, read with the firewall's own tool, spelt as `ipset save` prints them."""
+    if node.firewall.name == "iptables":
+        saved = _in(node.ns, "ipset", "save", name)
+        return {line.split()[2] for line in saved.splitlines() if line.startswith("add ")}
+    nft_name = name.removeprefix("IPVSPROXY-").lower()
+    listed = json.loads(_in(node.ns, "nft", "-j", "list", "set", "inet", "ipvsproxy", nft_name))
+    (found,) = [item["set"] for item in listed["nftables"] if "set" in item]
+    out = set()
+    for elem in found.get("elem", ()):
+        if isinstance(elem, str):  # a hash:ip set's address
+            out.add(elem)
+            continue
+        address, proto, number, *rest = elem["concat"]
+        nets = [f"{r['prefix']['addr']}/{r['prefix']['len']}" if isinstance(r, dict) else r
+                for r in rest]  # fmt: skip
+        out.add(",".join([address, f"{proto}:{number}", *nets]))
+    return out
+
+
+def _in(ns: str, *args: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, *args],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
 
 
 def many(count: int) -> list[dict[str, Any]]:
@@ -221,22 +248,23 @@ def test_1000_services_every_firewall_step_succeeds_and_the_rule_count_stays(clu
     n1, _, _ = cluster
     started = time.monotonic()
     n1.sync(many(10))
-    ten = _rules(n1.ns)
+    ten = _rules(n1)
+    assert ten > 10
     steps = {"10": n1.firewall_s}
     n1.sync(many(1000))  # every step asserted to succeed inside sync()
     steps["1000"] = n1.firewall_s
-    assert _rules(n1.ns) == ten
-    assert "10.97.3.250,tcp:80" in _set(n1.ns, "IPVSPROXY-CLUSTER-IP")
-    assert len(_set(n1.ns, "IPVSPROXY-CLUSTER-IP")) == 1000
+    assert _rules(n1) == ten
+    assert "10.97.3.250,tcp:80" in _set(n1, "IPVSPROXY-CLUSTER-IP")
+    assert len(_set(n1, "IPVSPROXY-CLUSTER-IP")) == 1000
     # hairpin entries for node 1's own pods only, none for the 250 pods on node 2
-    assert _set(n1.ns, "IPVSPROXY-LOOP-BACK") == {
+    assert _set(n1, "IPVSPROXY-LOOP-BACK") == {
         f"10.244.1.{n},tcp:{PORT},10.244.1.{n}" for n in (2, 3)
     }
     n1.sync(many(1000))
     steps["again"] = n1.firewall_s
     n1.sync(objects())
     steps["none"] = n1.firewall_s
-    assert _set(n1.ns, "IPVSPROXY-CLUSTER-IP") == set()
+    assert _set(n1, "IPVSPROXY-CLUSTER-IP") == set()
     # a step that timed out (ipset restore's 60 s, before) fails its pass: `sync` checks that
     print(f"firewall steps (s): {steps}; whole test {time.monotonic() - started:.1f} s")
 
@@ -248,9 +276,11 @@ def test_the_incremental_set_index_writes_what_the_full_path_wants(cluster):
     desired, _ = from_objects(many(20), n1.config)
     index = SetIndex(versions=n1.firewall.versions)
     index.reset(desired.state, desired.access, local=desired.local_endpoints)
-    observed = n1.firewall.observe_sets()  # over netlink
-    tool = Firewall(commands=n1.firewall.commands, versions=n1.firewall.versions)
-    assert tool.observe_sets() == observed  # ipset save says the same
+    observed = n1.firewall.observe_sets()  # iptables: over netlink; nftables: nft -j
+    iptables = n1.firewall.name == "iptables"
+    if iptables:
+        tool = Firewall(commands=n1.firewall.commands, versions=n1.firewall.versions)
+        assert tool.observe_sets() == observed  # ipset save says the same
     index.seed(observed)
     assert index.take() == ()  # the full sync left exactly what the index wants
     changed, _ = from_objects(many(300), n1.config)  # 280 more: swapped in
@@ -264,7 +294,12 @@ def test_the_incremental_set_index_writes_what_the_full_path_wants(cluster):
         for name, (_, version, entries) in want.sets.items():
             if version in n1.firewall.versions:
                 assert host.sets[name][2] == entries, name
-        assert index.drifted(n1.firewall.observe_headers()) == ()
-    sh("ip", "netns", "exec", n1.ns, "ipset", "del", "IPVSPROXY-CLUSTER-IP", "10.97.0.1,tcp:80")
-    assert index.drifted(n1.firewall.observe_headers()) == ("IPVSPROXY-CLUSTER-IP",)
+                assert _set(n1, name) == entries, name  # as the tool itself reads it
+        if iptables:
+            assert isinstance(n1.firewall, Firewall)
+            assert index.drifted(n1.firewall.observe_headers()) == ()
+    if iptables:
+        assert isinstance(n1.firewall, Firewall)
+        sh("ip", "netns", "exec", n1.ns, "ipset", "del", "IPVSPROXY-CLUSTER-IP", "10.97.0.1,tcp:80")
+        assert index.drifted(n1.firewall.observe_headers()) == ("IPVSPROXY-CLUSTER-IP",)
     n1.sync(objects())

@@ -185,11 +185,21 @@ def node_options(func: F) -> F:
             help="With --backend auto: exit (status 4) instead of falling back to iptables.",
         ),
         option(
+            "--firewall",
+            section=OWN,
+            type=click.Choice(["auto", "nftables", "iptables"]),
+            default="auto",
+            show_default=True,
+            help="With IPVS: where its firewall rules live: nftables (one table, inet "
+            "ipvsproxy), iptables (IPVSPROXY-* chains and ipsets), or auto: nftables where the "
+            "kernel takes the table and nft works, else iptables (docs/firewall.md).",
+        ),
+        option(
             "--allow-no-firewall-rules",
             section=OWN,
             is_flag=True,
-            help="With IPVS: start even when a tool of the firewall rules (iptables-save, "
-            "iptables-restore, ipset) is missing, which is otherwise refused (exit 5). "
+            help="With IPVS: start even when the firewall rules cannot be written (no nft, or "
+            "no iptables-save, iptables-restore or ipset), which is otherwise refused (exit 5). "
             "Then there is no VIP port filter, no loadBalancerSourceRanges, no masquerade.",
         ),
     ])  # fmt: skip

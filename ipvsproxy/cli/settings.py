@@ -97,6 +97,7 @@ def make_config(opts: dict[str, Any]) -> Config:
         backend=opts["backend"],
         fallback=not opts["no_fallback"],
         allow_no_firewall=opts["allow_no_firewall_rules"],
+        firewall=opts["firewall"],
         cluster_cidrs=cluster_cidrs,
         masquerade_all=opts["masquerade_all"],
         masquerade_bit=opts["masquerade_bit"],

@@ -28,22 +28,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
+from ipvsproxy.firewall.firewall_plan import FirewallPlan, Observed, set_changes
 from ipvsproxy.firewall.ipset import (
     BULK,
-    DEFAULT_MAXELEM,
     Header,
     SetChange,
     SetCommand,
     destroy_commands,
     ipset_script,
-    maxelem_for,
     parse_headers,
     parse_ipset_save,
     parse_names,
     render_script,
     save_script,
     set_commands,
-    too_small,
 )
 from ipvsproxy.firewall.rules import FILTER_JUMPS, NAT_JUMPS, OWNED, Options, render
 from ipvsproxy.firewall.set_reader import SetReader
@@ -69,69 +67,17 @@ JUMPS = {"nat": NAT_JUMPS, "filter": FILTER_JUMPS}
 TABLES = ("nat", "filter")
 
 
-@dataclass(frozen=True, slots=True)
-class Observed:
-    sets: SetState
-    chains: Mapping[tuple[int, str], Saved]  # (IP version, table) -> ipvsproxy's chains
-
-
-@dataclass(frozen=True, slots=True)
-class FirewallPlan:
-    sets: tuple[SetChange, ...] = ()
-    restores: tuple[tuple[int, str, str], ...] = ()  # (IP version, table, restore input)
-    stale_sets: tuple[str, ...] = ()  # ipvsproxy's, no longer used: destroyed after rules
-
-    def __bool__(self) -> bool:
-        return bool(self.sets or self.restores or self.stale_sets)
-
-    def describe(self) -> list[tuple[str, str]]:
-        """(sign, command) per change, for `diff`."""
-        out: list[tuple[str, str]] = []
-        for change in self.sets:
-            if change.create:
-                out.append(("+", f"ipset create {change.name} {change.kind}"))
-            elif change.rebuild:
-                size = maxelem_for(len(change.wanted))
-                out.append(("~", f"ipset rebuild {change.name} maxelem {size}"))
-            out += [("+", f"ipset add {change.name} {entry}") for entry in change.add]
-            out += [("-", f"ipset del {change.name} {entry}") for entry in change.delete]
-        for version, table, payload in self.restores:
-            tool = "iptables" if version == 4 else "ip6tables"
-            for line in payload.splitlines():
-                if line.startswith(":"):
-                    out.append(("~", f"{tool} -t {table}: write chain {line[1:].split()[0]}"))
-                elif line.startswith(("-I ", "-D ", "-X ")):
-                    sign = "+" if line.startswith("-I") else "-"
-                    out.append((sign, f"{tool} -t {table} {line}"))
-        out += [("-", f"ipset destroy {name}") for name in self.stale_sets]
-        return out
-
-
 def plan_firewall(
     wanted: SetState, observed: Observed, options: Options, versions: tuple[int, ...] = (4, 6)
 ) -> FirewallPlan:
     """What to change so that the host has exactly the wanted sets and rules."""
-    changes = []
-    for name, (kind, version, entries) in sorted(wanted.sets.items()):
-        if version not in versions:
-            continue
-        seen = observed.sets.sets.get(name)
-        if seen is not None and seen[0] != kind:
-            raise KernelError(f"ipset {name} exists with type {seen[0]}, not {kind}")
-        have = seen[2] if seen is not None else frozenset()
-        add, delete = tuple(sorted(entries - have)), tuple(sorted(have - entries))
-        small = seen is not None and too_small(
-            observed.sets.maxelem.get(name, DEFAULT_MAXELEM), len(entries)
-        )
-        if seen is None or add or delete or small:
-            changes.append(
-                SetChange(name, kind, version, seen is None, add, delete, entries, rebuild=small)
-            )
+    changes = set_changes(wanted, observed.sets, versions)
     restores = []
     for version in versions:
         rendered = render(version, options)
         for table in TABLES:
-            saved = observed.chains.get((version, table), Saved())
+            saved = observed.chains.get((version, table))
+            saved = saved if isinstance(saved, Saved) else Saved()
             payload = transaction(saved, rendered[table], table=table, jumps=JUMPS[table])
             if payload:
                 restores.append((version, table, payload))
@@ -158,6 +104,7 @@ class Firewall:
     # firewall with a netlink reader (the agent's, closed by close()), in the namespace the
     # tools run in (never with a `commands.prefix`).
     generation: RulesetGeneration | None = None
+    name = "iptables"
     # the chains of the last save, with the generation read before it (iptables-nft only)
     _chains: SavedAt[Mapping[tuple[int, str], Saved]] = field(
         default_factory=SavedAt, init=False, repr=False
@@ -227,8 +174,11 @@ class Firewall:
             return SetState({})
         return parse_ipset_save(self.commands.run(["ipset", "restore"], stdin=save_script(names)))
 
-    def plan(self, wanted: SetState) -> FirewallPlan:
-        return plan_firewall(wanted, self.observe(), self.options, self.versions)
+    def plan(self, wanted: SetState, seen: Observed | None = None) -> FirewallPlan:
+        """What to change so that the host has exactly `wanted` and the rules (against
+        `seen`, else what the host holds now)."""
+        seen = self.observe() if seen is None else seen
+        return plan_firewall(wanted, seen, self.options, self.versions)
 
     def apply(self, plan: FirewallPlan) -> None:
         """Sets first, filled (the rules match them), then rules, then unused sets.

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from ipaddress import ip_address
 
-from ipvsproxy.errors import KernelError
+from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.model import IPAddress, Proto, VSKey
 
@@ -103,9 +103,13 @@ def adopted(
 def read_adopted(
     commands: Commands, keys: Iterable[VSKey], node_addresses: frozenset[IPAddress]
 ) -> tuple[frozenset[VSKey], str]:
-    """`adopted()` from the host's sets, and a warning when they could not be read ("")."""
+    """`adopted()` from the host's sets, and a warning when they could not be read ("").
+    Without the ipset tool (a node whose firewall is nftables, where kube-proxy's IPVS mode
+    never ran) nothing is adopted and nothing is said."""
     try:
         listed = node_ports(commands)
+    except KernelUnavailable:
+        return frozenset(), ""
     except KernelError as exc:
         return frozenset(), f"cannot read kube-proxy's NodePort ipsets (none adopted): {exc}"
     return adopted(listed, keys, node_addresses), ""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from ipaddress import ip_address, ip_network
+from ipaddress import collapse_addresses, ip_address, ip_network
 
 from ipvsproxy.model import (
     IPAddress,
@@ -59,6 +59,11 @@ class SetSpec:
 
     def name(self, version: int) -> str:
         return SET_PREFIX + self.base + ("" if version == 4 else "-6")
+
+    def nft_name(self, version: int) -> str:
+        """Its name in ipvsproxy's nftables table (nft_firewall.py): `cluster-ip`,
+        `cluster-ip-6`; no prefix, as the table is ipvsproxy's alone."""
+        return self.base.lower() + ("" if version == 4 else "-6")
 
 
 CLUSTER_IP = SetSpec("CLUSTER-IP", "hash:ip,port")
@@ -101,6 +106,9 @@ def all_sets() -> Iterator[tuple[str, str, int]]:
         for version in VERSIONS:
             yield spec.name(version), spec.kind, version
 
+
+# each set's name in the nftables table, by its name here
+NFT_NAMES = {spec.name(version): spec.nft_name(version) for spec in SPECS for version in VERSIONS}
 
 # Every set name ipvsproxy makes, its swap temporaries included: ownership is by these exact
 # names, never by prefix, so anyone else's IPVSPROXY-MINE is never read or destroyed.
@@ -172,7 +180,9 @@ def _entries(
         out.append((names[VIPS], str(key.address)))
     if policy.firewalled:  # LoadBalancer frontends only: others are never filtered
         out.append((names[LB_FW], ip_port))
-        for net in policy.allowed(key.address.version):
+        # overlapping ranges merged: an nftables interval set refuses overlapping elements
+        # (ipset took them; the same addresses match either way)
+        for net in collapse_addresses(policy.allowed(key.address.version)):  # type: ignore[type-var]
             for part in _splittable(net):
                 out.append((names[LB_SOURCE], f"{ip_port},{_net(part)}"))
     for rs in dests:  # kube-proxy: a hairpin can only start on the pod's node

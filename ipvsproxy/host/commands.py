@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ipvsproxy.errors import KernelError, KernelUnavailable
 
 # the Debian package of each tool ipvsproxy runs, for the error when one is missing
-_PACKAGES = {"ipset": "ipset", "conntrack": "conntrack", "ip": "iproute2"}
+_PACKAGES = {"ipset": "ipset", "conntrack": "conntrack", "ip": "iproute2", "nft": "nftables"}
 
 
 @dataclass(frozen=True, slots=True)

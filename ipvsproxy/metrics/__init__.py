@@ -177,6 +177,12 @@ class Metrics:
             "ipvsproxy_backend", "The kernel backend in use (1 for the one in use)", ["backend"],
             registry=r,
         )  # fmt: skip
+        self.firewall = Gauge(
+            "ipvsproxy_firewall",
+            "Where IPVS mode's firewall rules live (1 for the implementation in use)",
+            ["implementation"],
+            registry=r,
+        )
         self.no_local_endpoints = Gauge(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
@@ -294,6 +300,11 @@ class Metrics:
         for other in others:
             self.backend.labels(other).set(0)
         self.backend.labels(name).set(1)
+
+    def use_firewall(self, name: str, *, others: Iterable[str] = ()) -> None:
+        for other in others:
+            self.firewall.labels(other).set(0)
+        self.firewall.labels(name).set(1)
 
     def synced(
         self,

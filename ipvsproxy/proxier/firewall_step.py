@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, RestoreFailed
 from ipvsproxy.firewall.conntrack import forget_udp
-from ipvsproxy.firewall.host_firewall import Firewall, FirewallPlan, Observed, plan_firewall
+from ipvsproxy.firewall.firewall_plan import FirewallPlan, HostFirewall, Observed
 from ipvsproxy.firewall.ipset import host_after
 from ipvsproxy.firewall.kube_proxy import read_adopted
 from ipvsproxy.firewall.set_index import SetIndex
@@ -46,7 +46,7 @@ class Written:
 class FirewallStep:
     """The firewall's part of a pass, and the state it keeps between passes."""
 
-    def __init__(self, firewall: Firewall, config: Config, clock: Callable[[], float]) -> None:
+    def __init__(self, firewall: HostFirewall, config: Config, clock: Callable[[], float]) -> None:
         self.firewall = firewall
         self.config = config
         self.clock = clock
@@ -119,7 +119,7 @@ class FirewallStep:
                 keys = changed | touched(planned.ipvs.plan)[0]
                 keys |= self.sets.keys().difference(state.services)
                 self.sets.update_from(keys, state, desired.access, local=local)
-            wanted = plan_firewall(self.sets.wanted(), seen, firewall.options, firewall.versions)
+            wanted = firewall.plan(self.sets.wanted(), seen)
             return replace(planned, firewall=wanted, firewall_seen=seen)
         except KernelError as exc:
             return replace(planned, firewall_error=str(exc))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ipvsproxy.firewall.host_firewall import FirewallPlan, Observed
+from ipvsproxy.firewall.firewall_plan import FirewallPlan, Observed
 from ipvsproxy.model import (
     AddDest,
     AddService,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from ipvsproxy.api import NodeView
 from ipvsproxy.config import Config
-from ipvsproxy.firewall.host_firewall import Firewall, Observed
+from ipvsproxy.firewall.firewall_plan import HostFirewall, Observed
 from ipvsproxy.kernel import Kernel
 from ipvsproxy.model import IPAddress, IpvsState, VSKey
 from ipvsproxy.proxier.desired_step import DesiredStep
@@ -42,7 +42,7 @@ class Proxier:
 
     kernel: Kernel
     config: Config
-    firewall: Firewall | None = None
+    firewall: HostFirewall | None = None
     drainer: Drainer | None = None
     # ramps new endpoints' weights (the agent only: a one-off pass could not finish a ramp)
     slow_start: SlowStart | None = None

@@ -40,6 +40,7 @@ def status_route(
     sampler: Sampler,
     backend: str,
     config: Config,
+    firewall: str | None = None,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,  # the slow-start ramps' clock
 ) -> InThread:
@@ -74,6 +75,7 @@ def status_route(
             observed=observed,
             source="agent",
             backend=backend,
+            firewall=firewall,
             now=clock(),
             passes=done,
             warnings=inputs.warnings,

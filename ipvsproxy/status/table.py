@@ -238,7 +238,10 @@ def _num(value: float) -> str:
 
 def _footer(doc: Json) -> list[str]:
     zone = f" (zone {doc['zone']})" if doc["zone"] else ""
-    where = f"node {doc['node']}{zone}, backend {doc['backend'] or '-'}, from {doc['source']}"
+    firewall = f" (firewall {doc['firewall']})" if doc.get("firewall") else ""
+    where = (
+        f"node {doc['node']}{zone}, backend {doc['backend'] or '-'}{firewall}, from {doc['source']}"
+    )
     passes = (
         f"last full pass {doc['lastFullPass'] or '-'}, "
         f"last partial pass {doc['lastPartialPass'] or '-'}"

@@ -70,12 +70,16 @@ def test_the_bundled_example_fills_each_set_as_kubernetes_means_it():
 def test_load_balancer_source_ranges_become_a_firewall_with_allowed_ranges():
     key = VSKey(ip_address("203.0.113.10"), 443, Proto.TCP)
     state = state_of({VirtualServer(key): []}, bound=frozenset({key.address}))
-    ranges = (ip_network("192.0.2.0/24"), ip_network("198.51.100.7/32"), ip_network("0.0.0.0/0"))
+    ranges = (ip_network("192.0.2.0/24"), ip_network("198.51.100.7/32"))
     sets = wanted(state, {key: Access(Frontend.LOAD_BALANCER, source_ranges=ranges)})
     assert entries(sets, "LB-FW") == {"203.0.113.10,tcp:443"}
     assert entries(sets, "LB-SOURCE") == {
         "203.0.113.10,tcp:443,192.0.2.0/24",
         "203.0.113.10,tcp:443,198.51.100.7",  # a full-length prefix as ipset prints it
+    }
+    everyone = (*ranges, ip_network("0.0.0.0/0"))  # the others inside it: merged into it
+    sets = wanted(state, {key: Access(Frontend.LOAD_BALANCER, source_ranges=everyone)})
+    assert entries(sets, "LB-SOURCE") == {
         "203.0.113.10,tcp:443,0.0.0.0/1",  # ipset takes no /0: its two halves
         "203.0.113.10,tcp:443,128.0.0.0/1",
     }

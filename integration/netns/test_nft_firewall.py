@@ -1,0 +1,144 @@
+"""The nftables firewall against this host's kernel, in a throw-away network namespace: the
+whole table written in one transaction and read back as written, a refused transaction
+changing nothing, nobody else's table ever touched, and an idle observation that runs no
+`nft` at all (the generation counter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator, Sequence
+from ipaddress import ip_network
+
+import pytest
+
+from integration.lab import inside
+from ipvsproxy.errors import KernelError
+from ipvsproxy.firewall.firewall_plan import FirewallPlan
+from ipvsproxy.firewall.ipset import SetChange
+from ipvsproxy.firewall.nft_firewall import NftFirewall
+from ipvsproxy.firewall.sets import SetState, all_sets
+from ipvsproxy.host.commands import Commands
+from ipvsproxy.iptables.generation import RulesetGeneration
+from ipvsproxy.policy import LocalMode, NodePolicy
+
+pytestmark = pytest.mark.netns
+
+OPTIONS = NodePolicy(local_mode=LocalMode.CLUSTER_CIDR, local_cidrs=(ip_network("10.244.0.0/16"),))
+ENTRIES = {
+    "IPVSPROXY-CLUSTER-IP": {"10.96.0.1,tcp:443", "10.96.0.10,udp:53", "10.96.0.11,sctp:9"},
+    "IPVSPROXY-CLUSTER-IP-6": {"fd00:96::1,tcp:443"},
+    "IPVSPROXY-VIPS": {"10.96.0.1", "10.96.0.10"},
+    "IPVSPROXY-LOOP-BACK": {"10.244.1.2,tcp:8080,10.244.1.2"},
+    "IPVSPROXY-LB-SOURCE": {"203.0.113.10,tcp:80,10.0.0.0/8", "203.0.113.10,tcp:80,192.0.2.7"},
+    "IPVSPROXY-LB-SOURCE-6": {"2001:db8::10,tcp:80,2001:db8:1::/48"},
+}
+
+
+def wanted(entries: dict[str, set[str]]) -> SetState:
+    return SetState(
+        {name: (kind, v, frozenset(entries.get(name, ()))) for name, kind, v in all_sets()}
+    )
+
+
+class Counting(Commands):
+    """The node's tools, with the `nft` processes counted."""
+
+    def run(self, args: Sequence[str], *, stdin: str | None = None) -> str:
+        COUNT[0] += args[0] == "nft"
+        return super().run(args, stdin=stdin)
+
+
+COUNT = [0]
+
+
+def nft(netns: str, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(["ip", "netns", "exec", netns, "nft", *args], input=stdin,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def firewall(netns: str) -> Iterator[NftFirewall]:
+    with inside(netns):  # the generation counter's socket in the node's namespace
+        commands = Counting(prefix=("ip", "netns", "exec", netns))
+        made = NftFirewall(options=OPTIONS, commands=commands)
+        made.check()
+        made.generation = RulesetGeneration.open()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_the_table_is_written_in_one_transaction_and_read_back_as_written(firewall, netns):
+    plan = firewall.plan(wanted(ENTRIES))
+    COUNT[0] = 0
+    firewall.apply(plan)
+    assert COUNT[0] == 1  # one `nft -f` (the generation is read over netlink, no process)
+    seen = firewall.observe().sets.sets
+    for name, kind, version in all_sets():
+        assert seen[name] == (kind, version, frozenset(ENTRIES.get(name, ()))), name
+    assert not firewall.plan(wanted(ENTRIES))  # nothing left to write
+    listed = nft(netns, "list", "table", "inet", "ipvsproxy")
+    assert "type nat hook prerouting priority dstnat; policy accept;" in listed
+    assert "ip saddr != 10.244.0.0/16" in listed
+
+
+def test_an_idle_observation_runs_no_nft_and_anyone_s_commit_makes_it_read(firewall, netns):
+    firewall.apply(firewall.plan(wanted(ENTRIES)))
+    firewall.observe()
+    COUNT[0] = 0
+    firewall.observe()
+    firewall.observe()
+    assert COUNT[0] == 0
+    nft(netns, "add", "table", "ip", "someone")  # another table: the counter moves
+    firewall.observe()
+    assert COUNT[0] == 1
+
+
+def test_element_changes_between_full_passes(firewall):
+    firewall.apply(firewall.plan(wanted(ENTRIES)))
+    change = SetChange("IPVSPROXY-CLUSTER-IP", "hash:ip,port", 4, add=("10.96.0.12,tcp:80",),
+                       delete=("10.96.0.1,tcp:443",))  # fmt: skip
+    assert firewall.write_sets([change]) == 2
+    firewall._known = None  # read the table itself, not what the firewall believes
+    after = firewall.observe().sets.sets["IPVSPROXY-CLUSTER-IP"][2]
+    assert after == {"10.96.0.10,udp:53", "10.96.0.11,sctp:9", "10.96.0.12,tcp:80"}
+
+
+def test_a_refused_transaction_changes_nothing(firewall, netns):
+    firewall.apply(firewall.plan(wanted(ENTRIES)))
+    before = nft(netns, "list", "table", "inet", "ipvsproxy")
+    bad = SetChange("IPVSPROXY-LB-SOURCE", "hash:ip,port,net", 4,
+                    add=("203.0.113.10,tcp:80,10.1.0.0/16",))  # fmt: skip # overlaps 10.0.0.0/8
+    good = SetChange("IPVSPROXY-VIPS", "hash:ip", 4, add=("10.96.0.99",))
+    with pytest.raises(KernelError):
+        firewall.apply(FirewallPlan((good, bad), tool="nft"))
+    assert nft(netns, "list", "table", "inet", "ipvsproxy") == before
+
+
+def test_nobody_else_s_table_is_read_changed_or_removed(firewall, netns):
+    theirs = (
+        "add table ip kube-proxy\n"
+        "add set ip kube-proxy cluster-ips { type ipv4_addr; }\n"
+        "add element ip kube-proxy cluster-ips { 10.96.0.1 }\n"
+        "add table inet other\n"
+        "add set inet other cluster-ip { type ipv4_addr . inet_proto . inet_service; }\n"
+        "add chain inet other nat-prerouting { type nat hook prerouting priority dstnat; }\n"
+    )
+    nft(netns, "-f", "-", stdin=theirs)
+    before = {t: nft(netns, "list", "table", *t.split()) for t in ("ip kube-proxy", "inet other")}
+    seen = firewall.observe()
+    assert seen.sets.sets == {}  # ours is not there yet
+    assert seen.chains == {}
+    firewall.apply(firewall.plan(wanted(ENTRIES)))
+    removed = firewall.cleanup()
+    assert removed[0] == "nft table inet ipvsproxy"
+    tables = json.loads(nft(netns, "-j", "list", "tables"))["nftables"]
+    names = {(t["table"]["family"], t["table"]["name"]) for t in tables if "table" in t}
+    assert names == {("ip", "kube-proxy"), ("inet", "other")}
+    for table, text in before.items():
+        assert nft(netns, "list", "table", *table.split()) == text
+    assert firewall.cleanup() == []
