@@ -55,7 +55,8 @@ def skip_unless_ci(reason: str) -> None:
 
 def clean_ipvs(device: str = "kube-ipvs0") -> None:
     """The VM is throw-away: start every test from an empty IPVS table, no dummy device, and
-    none of ipvsproxy's iptables chains or ipsets (an agent leaves its rules in place).
+    none of ipvsproxy's iptables chains, ipsets or nftables table (an agent leaves its rules
+    in place).
 
     Runs twice per test, and every process costs a lot under emulation: look first
     (/proc, /sys and one save per tool), clean only what is there.
@@ -76,6 +77,8 @@ def clean_ipvs(device: str = "kube-ipvs0") -> None:
         for command in (["iptables-save"], ["ip6tables-save"], ["ipset", "list", "-n"])
     )
     ours = (firewall_rules.PREFIX, firewall_sets.SET_PREFIX, fallback_rules.PREFIX)
+    # one process whether or not the table is there (absent: nft fails, and that is all)
+    subprocess.run(["nft", "delete", "table", "inet", "ipvsproxy"], capture_output=True)
     if any(prefix in seen for prefix in ours):
         firewall = Firewall()
         firewall.check()

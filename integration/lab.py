@@ -25,6 +25,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,30 @@ def agent_command(
         args += ["--sync-period", f"{sync_period}s"]
     prefix = ["ip", "netns", "exec", netns] if netns is not None else []
     return [*prefix, *args, *more]
+
+
+# The tools a node with `--firewall nftables` can do without (the iptables family, ipset,
+# ipvsadm): the nftables lab nodes and tests run ipvsproxy with a PATH that has none of them.
+IPTABLES_TOOLS = ("iptables", "ip6tables", "ipset", "ipvsadm", "xtables", "ebtables", "arptables")
+
+
+def path_without(directory: Path, *tools: str, prefixes: Sequence[str] = ()) -> str:
+    """A PATH of one new directory under `directory` linking every program on this PATH
+    except `tools` and those whose name starts with one of `prefixes`: a node whose image
+    lacks them."""
+    bin_ = directory / "bin"
+    bin_.mkdir(parents=True)
+    for where in reversed(os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")):
+        if not Path(where).is_dir():
+            continue
+        for program in Path(where).iterdir():
+            if program.name in tools or program.name.startswith(tuple(prefixes)):
+                continue
+            link = bin_ / program.name
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(program)
+    return str(bin_)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -413,7 +438,11 @@ class Node:
         # the backend and the pass as the agent obtains them (backends.open_backend,
         # agent.build_proxier): sockets opened in the node's namespace, tools run in it
         self._opened = contextlib.ExitStack()
-        commands = Commands(prefix=("ip", "netns", "exec", self.ns))
+        prefix: tuple[str, ...] = ("ip", "netns", "exec", self.ns)
+        if firewall == "nftables":  # as on a node without the iptables tools at all
+            tools = Path(self._opened.enter_context(tempfile.TemporaryDirectory()))
+            prefix += ("env", f"PATH={path_without(tools, prefixes=IPTABLES_TOOLS)}")
+        commands = Commands(prefix=prefix)
         with inside(self.ns):
             self.backend = self._opened.enter_context(open_backend(self.config, commands=commands))
         assert self.backend.firewall is not None

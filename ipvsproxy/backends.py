@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -328,7 +329,12 @@ def _firewall(config: Config, commands: Commands | None = None) -> tuple[HostFir
     `config.allow_no_firewall`, (None, why) and an ERROR saying what is lost."""
     commands = commands or Commands()
     refused = ""
-    if config.firewall in ("auto", NFTABLES):
+    if config.firewall == "auto" and _forward_drops(commands):
+        refused = (
+            "nftables: the iptables FORWARD policy is DROP, and only an iptables rule can "
+            "accept IPVS's forwarded replies there (docs/firewall.md#forward)"
+        )
+    elif config.firewall in ("auto", NFTABLES):
         nft = NftFirewall(commands=commands)
         try:
             nft.check()
@@ -340,6 +346,12 @@ def _firewall(config: Config, commands: Commands | None = None) -> tuple[HostFir
             if config.firewall == "auto":
                 why += ": the kernel takes ipvsproxy's nftables table"
             log.info("firewall rules: nftables, table %s (%s)", "inet ipvsproxy", why)
+            if config.firewall == NFTABLES and _forward_drops(commands):
+                log.warning(
+                    "--firewall nftables on a node whose iptables FORWARD policy is DROP: "
+                    "replies IPVS forwards back to pods are dropped there unless another rule "
+                    "accepts them (docs/firewall.md#forward)"
+                )
             return nft, why
         if config.firewall == NFTABLES:
             why = refused.removeprefix("nftables: ")
@@ -358,6 +370,19 @@ def _firewall(config: Config, commands: Commands | None = None) -> tuple[HostFir
     else:
         log.info("firewall rules: iptables and ipsets (%s)", why)
     return firewall, why
+
+
+def _forward_drops(commands: Commands) -> bool:
+    """Whether the host's iptables filter FORWARD chain has policy DROP (Docker sets it):
+    an ACCEPT in ipvsproxy's nftables table cannot overrule another table's drop, so the
+    replies IPVS forwards back to a pod would be lost. False without the iptables tool."""
+    if shutil.which("iptables") is None:
+        return False
+    try:
+        listed = commands.run(["iptables", "-w", "-t", "filter", "-S", "FORWARD"])
+    except KernelError:
+        return False
+    return listed.startswith("-P FORWARD DROP")
 
 
 def _no_firewall(config: Config, why: str) -> tuple[None, str]:

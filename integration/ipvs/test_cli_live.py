@@ -99,17 +99,21 @@ def _ipvs() -> str:
 
 
 def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes_all(clean):
-    """IPVS -> iptables -> IPVS on one node, then cleanup: only ipvsproxy's objects go."""
+    """IPVS (its firewall in nftables) -> iptables -> IPVS with its firewall in iptables ->
+    IPVS in nftables again, then cleanup: each switch removes what the other left, and only
+    ipvsproxy's objects go."""
     foreign_rule = "-A POSTROUTING -s 192.0.2.0/24 -j MASQUERADE"
     subprocess.run(["iptables", "-t", "nat", "-A", "POSTROUTING", "-s", "192.0.2.0/24",
                     "-j", "MASQUERADE"], check=True)  # fmt: skip
+    subprocess.run(["nft", "add", "table", "inet", "someone"], check=True)
     subprocess.run(["ipvsadm", "-A", "-t", "192.168.99.1:443", "-s", "wlc"], check=True)
     # the example's node-a address, local here as on a real node: its NodePorts are ours
     subprocess.run(["ip", "addr", "add", "172.31.0.10/32", "dev", "lo"], check=True)
     try:
         assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0
         assert "-A -t 10.96.0.10:80" in _ipvs()
-        assert "IPVSPROXY-SERVICES" in _nat()  # IPVS mode's firewall rules
+        assert "@cluster-ip" in _nft()  # auto: IPVS mode's firewall rules in nftables
+        assert "IPVSPROXY-SERVICES" not in _nat()
 
         ran = invoke("run", "--once", "--manifests", EXAMPLES, *NODE, "--backend", "iptables")
         assert ran.exit_code == 0, ran.output
@@ -117,10 +121,18 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
         assert "192.168.99.1:443" in _ipvs()  # ... and nothing else
         assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
         assert "-d 10.96.0.10/32" in _nat()
-        assert "IPVSPROXY-SERVICES" not in _nat()  # IPVS mode's firewall rules went too
+        assert _nft() == ""  # IPVS mode's firewall rules went too
 
-        assert invoke("run", "--once", "--manifests", EXAMPLES, *NODE).exit_code == 0  # auto: IPVS
+        ran = invoke("run", "--once", "--manifests", EXAMPLES, *NODE, "--firewall", "iptables")
+        assert ran.exit_code == 0, ran.output
         assert "IPVSPX" not in _nat()
+        assert "IPVSPROXY-SERVICES" in _nat()  # IPVS mode's firewall rules, in iptables
+        assert "172.31.0.10,tcp:30080" in _created()  # its record of the node's NodePort
+
+        ran = invoke("run", "--once", "--manifests", EXAMPLES, *NODE)  # auto: nftables again
+        assert ran.exit_code == 0, ran.output
+        assert "IPVSPROXY" not in _nat()  # the iptables firewall went ...
+        assert "172.31.0.10 . tcp . 30080" in _nft()  # ... the record now in nftables
         assert foreign_rule in _nat()
         assert "-A -t 10.96.0.10:80" in _ipvs()
 
@@ -135,8 +147,24 @@ def test_switching_backends_removes_the_other_ones_leftovers_and_cleanup_removes
         assert "IPVSPROXY" not in _nat() + filter_rules  # the firewall rules went too ...
         sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout
         assert "IPVSPROXY" not in sets  # ... and then their sets
+        assert _nft() == ""
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        assert "table inet someone" in tables  # someone else's table stays
         assert subprocess.run(["ip", "link", "show", "kube-ipvs0"], capture_output=True).returncode
     finally:
         subprocess.run(["ip", "addr", "del", "172.31.0.10/32", "dev", "lo"], check=False)
+        subprocess.run(["nft", "delete", "table", "inet", "someone"], check=False)
         subprocess.run(["iptables", "-t", "nat", "-D", "POSTROUTING", "-s", "192.0.2.0/24",
                         "-j", "MASQUERADE"], check=False)  # fmt: skip
+
+
+def _nft() -> str:
+    """ipvsproxy's nftables table as `nft list` prints it ("": not there)."""
+    listed = subprocess.run(["nft", "list", "table", "inet", "ipvsproxy"], capture_output=True,
+                            text=True)  # fmt: skip
+    return listed.stdout if listed.returncode == 0 else ""
+
+
+def _created() -> str:
+    listed = subprocess.run(["ipset", "list", "IPVSPROXY-CREATED"], capture_output=True, text=True)
+    return listed.stdout

@@ -65,10 +65,13 @@ def saved() -> str:
 
 
 def own_chains() -> list[str]:
-    """ipvsproxy's chains and ipsets (the IPVS backend's firewall rules)."""
+    """ipvsproxy's chains and ipsets, and its nftables table (the IPVS backend's firewall
+    rules, in either implementation)."""
     text = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True).stdout
-    return [line for line in (text + sets).splitlines() if line.lstrip(":").startswith(PREFIX)]
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    mine = [line for line in (text + sets).splitlines() if line.lstrip(":").startswith(PREFIX)]
+    return mine + [line for line in tables.splitlines() if line == "table inet ipvsproxy"]
 
 
 @dataclass

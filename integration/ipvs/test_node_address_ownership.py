@@ -90,11 +90,12 @@ def test_node_address_virtual_servers_go_with_their_service_across_restarts(
     assert done.returncode == 0, done.stderr
     assert has(2222)
     assert has(22)
-    record = subprocess.run(
-        ["ipset", "list", "IPVSPROXY-CREATED"], capture_output=True, text=True, check=True
-    ).stdout
-    assert f"{NODE_IP},tcp:2222" in record
-    assert f"{NODE_IP},tcp:2223" not in record  # the administrator's: never recorded
+    record = subprocess.run(  # auto: the firewall, and so the record, in nftables
+        ["nft", "list", "set", "inet", "ipvsproxy", "created"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert f"{NODE_IP} . tcp . 2222" in record
+    assert f"{NODE_IP} . tcp . 2223" not in record  # the administrator's: never recorded
 
     manifest.write_text(yaml.safe_dump_all(objects(with_services=False)))  # both deleted
     diff = agent("diff", *source)

@@ -1,7 +1,8 @@
 """Inside the IPVS VM: a node without a tool of the firewall rules refuses to start, naming
 it, before it touches anything; `--allow-no-firewall-rules` runs without them, saying what
-that loses. The tool is made unavailable the way an operator's image would lack it: the
-agent runs with a PATH that has every program of the VM but that one."""
+that loses; a node with no iptables tool, no ipset and no ipvsadm at all runs with its
+firewall in nftables. A tool is made unavailable the way an operator's image would lack it:
+the agent runs with a PATH that has every program of the VM but those."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.lab import IPVSPROXY, agent_command
+from integration.lab import IPTABLES_TOOLS, IPVSPROXY, agent_command, path_without
 
 pytestmark = pytest.mark.vm
 
@@ -19,23 +20,6 @@ SERVICE = (
     "kind: Service\nmetadata: {name: web, namespace: demo}\n"
     "spec: {clusterIP: 10.96.0.40, ports: [{port: 80}]}\n"
 )
-
-
-def path_without(tmp_path: Path, *tools: str) -> str:
-    """A PATH of one directory linking every program on this PATH except `tools`."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    for directory in reversed(os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")):
-        if not Path(directory).is_dir():
-            continue
-        for program in Path(directory).iterdir():
-            if program.name in tools:
-                continue
-            link = bin_ / program.name
-            if link.is_symlink():
-                link.unlink()
-            link.symlink_to(program)
-    return str(bin_)
 
 
 def run(tmp_path: Path, path: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -60,7 +44,7 @@ def ipvs_table() -> str:
 @pytest.mark.parametrize("tool", ["iptables-restore", "iptables-save"])
 def test_a_missing_firewall_tool_refuses_the_start_naming_it(clean, tmp_path, tool):
     before = ipvs_table()
-    done = run(tmp_path, path_without(tmp_path, tool))
+    done = run(tmp_path, path_without(tmp_path, tool), "--firewall", "iptables")
     assert done.returncode == 5, done.stdout + done.stderr
     assert f"{tool} not found on PATH" in done.stderr
     assert "--allow-no-firewall-rules" in done.stderr
@@ -72,7 +56,8 @@ def test_a_missing_firewall_tool_refuses_the_start_naming_it(clean, tmp_path, to
 
 
 def test_the_explicit_flag_runs_without_the_firewall_and_says_what_is_lost(clean, tmp_path):
-    done = run(tmp_path, path_without(tmp_path, "iptables-restore"), "--allow-no-firewall-rules")
+    done = run(tmp_path, path_without(tmp_path, "iptables-restore"), "--allow-no-firewall-rules",
+               "--firewall", "iptables")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "iptables-restore not found on PATH" in done.stderr
     assert "no VIP port filter, no loadBalancerSourceRanges, no masquerade" in done.stderr
@@ -82,10 +67,37 @@ def test_the_explicit_flag_runs_without_the_firewall_and_says_what_is_lost(clean
 
 
 def test_with_every_tool_the_same_run_starts(clean, tmp_path):
-    done = run(tmp_path, os.environ["PATH"])
+    done = run(tmp_path, os.environ["PATH"], "--firewall", "iptables")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0A600028:0050" in ipvs_table()
     saved = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True)
     assert "IPVSPROXY-FILTER" in saved.stdout  # the firewall rules are there
     removed = subprocess.run([IPVSPROXY, "cleanup"], capture_output=True, text=True, check=False)
     assert removed.returncode == 0, removed.stderr
+
+
+@pytest.mark.parametrize("choice", ["nftables", "auto"])
+def test_a_node_without_iptables_ipset_or_ipvsadm_runs_with_nftables(clean, tmp_path, choice):
+    path = path_without(tmp_path, prefixes=IPTABLES_TOOLS)
+    done = run(tmp_path, path, "--firewall", choice)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "firewall rules: nftables, table inet ipvsproxy" in done.stderr
+    assert "0A600028:0050" in ipvs_table()
+    listed = subprocess.run(["nft", "list", "table", "inet", "ipvsproxy"], capture_output=True,
+                            text=True, check=True).stdout  # fmt: skip
+    assert "10.96.0.40 . tcp . 80" in listed  # the VIP's port, in the VIP port filter's set
+    assert "reject with icmp port-unreachable" in listed
+    removed = subprocess.run([IPVSPROXY, "cleanup"], capture_output=True, text=True, check=False,
+                             env={**os.environ, "PATH": path})  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    gone = subprocess.run(["nft", "list", "table", "inet", "ipvsproxy"], capture_output=True)
+    assert gone.returncode != 0
+
+
+def test_nftables_asked_for_without_nft_refuses_the_start_naming_it(clean, tmp_path):
+    before = ipvs_table()
+    done = run(tmp_path, path_without(tmp_path, "nft"), "--firewall", "nftables")
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "nft not found on PATH" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert ipvs_table() == before

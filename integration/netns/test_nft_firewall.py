@@ -142,3 +142,47 @@ def test_nobody_else_s_table_is_read_changed_or_removed(firewall, netns):
     for table, text in before.items():
         assert nft(netns, "list", "table", *table.split()) == text
     assert firewall.cleanup() == []
+
+
+@pytest.mark.parametrize(("policy", "chosen"), [("ACCEPT", "nftables"), ("DROP", "iptables")])
+def test_auto_keeps_iptables_where_the_iptables_forward_policy_drops(netns, policy, chosen):
+    """An ACCEPT in another table cannot overrule iptables' FORWARD DROP (Docker's): the
+    replies IPVS forwards back to pods would be lost, so auto stays with iptables there."""
+    from ipvsproxy.backends import _firewall
+    from ipvsproxy.config import Config
+
+    subprocess.run(["ip", "netns", "exec", netns, "iptables", "-P", "FORWARD", policy], check=True)
+    with inside(netns):
+        firewall, why = _firewall(Config(), Commands(prefix=("ip", "netns", "exec", netns)))
+    assert firewall is not None
+    try:
+        assert firewall.name == chosen
+        if policy == "DROP":
+            assert "the iptables FORWARD policy is DROP" in why
+    finally:
+        firewall.close()
+
+
+def test_switching_to_nftables_moves_the_record_then_removes_the_iptables_firewall(netns):
+    """The record of virtual servers made on node addresses (ownership rule 5) is written
+    into the new firewall before the old one goes: no moment without it."""
+    from ipvsproxy.backends import switch_firewall
+    from ipvsproxy.firewall.host_firewall import Firewall
+
+    old = Firewall(commands=Commands(prefix=("ip", "netns", "exec", netns)))
+    old.check()
+    record = {"IPVSPROXY-CREATED": {"192.168.1.10,tcp:30080"}}
+    old.apply(old.plan(wanted(record)))
+    with inside(netns):  # every tool run from here runs in the namespace
+        new = NftFirewall()
+        new.check()
+        try:
+            removed = switch_firewall(new)
+            moved = new.observe_sets().sets["IPVSPROXY-CREATED"][2]
+        finally:
+            new.close()
+    assert moved == {"192.168.1.10,tcp:30080"}
+    assert "ipset IPVSPROXY-CREATED" in removed
+    saved = subprocess.run(["ip", "netns", "exec", netns, "iptables-save"], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert "IPVSPROXY" not in saved
