@@ -356,7 +356,7 @@ def _firewall(config: Config, commands: Commands | None = None) -> tuple[HostFir
         if config.firewall == NFTABLES:
             why = refused.removeprefix("nftables: ")
             return _no_firewall(config, f"the firewall nftables table cannot be used: {why}")
-    firewall = _iptables_firewall(commands)
+    firewall = iptables_firewall(commands)
     try:
         firewall.check()
     except KernelError as exc:
@@ -400,7 +400,7 @@ def _no_firewall(config: Config, why: str) -> tuple[None, str]:
     return None, why
 
 
-def _iptables_firewall(commands: Commands) -> Firewall:
+def iptables_firewall(commands: Commands) -> Firewall:
     """The iptables firewall, its sets read and written over netlink where it can."""
     try:  # the sets read over netlink: `ipset save` is slow where /etc is (see nlread.py)
         reader: SetReader | None = SetReader()

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.ipset import DEFAULT_MAXELEM, SetChange, maxelem_for, too_small
-from ipvsproxy.firewall.sets import SetState
+from ipvsproxy.firewall.sets import NFT_NAMES, SetState, nft_element
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.policy import NodePolicy
 
@@ -53,17 +53,7 @@ class FirewallPlan:
             sign = "-" if line.startswith(("delete ", "flush ")) else "+"
             out.append((sign, f"nft {line}"))
         for change in self.sets:
-            if change.create:
-                out.append(("+", f"{'nft add set' if nft else 'ipset create'} {change.name}"
-                            f"{'' if nft else ' ' + change.kind}"))  # fmt: skip
-            elif change.rebuild and not nft:
-                size = maxelem_for(len(change.wanted))
-                out.append(("~", f"ipset rebuild {change.name} maxelem {size}"))
-            add, delete = (
-                ("nft add element", "nft delete element") if nft else ("ipset add", "ipset del")
-            )
-            out += [("+", f"{add} {change.name} {entry}") for entry in change.add]
-            out += [("-", f"{delete} {change.name} {entry}") for entry in change.delete]
+            out += _nft_lines(change) if nft else _ipset_lines(change)
         for version, table, payload in self.restores:
             tool = "iptables" if version == 4 else "ip6tables"
             for line in payload.splitlines():
@@ -72,9 +62,35 @@ class FirewallPlan:
                 elif line.startswith(("-I ", "-D ", "-X ")):
                     sign = "+" if line.startswith("-I") else "-"
                     out.append((sign, f"{tool} -t {table} {line}"))
-        destroy = "nft delete set" if nft else "ipset destroy"
-        out += [("-", f"{destroy} {name}") for name in self.stale_sets]
+        for name in self.stale_sets:
+            out.append(("-", f"nft delete set {TABLE} {NFT_NAMES.get(name, name)}" if nft
+                        else f"ipset destroy {name}"))  # fmt: skip
         return out
+
+
+TABLE = "inet ipvsproxy"  # the nftables implementation's table (nft_firewall.py)
+
+
+def _ipset_lines(change: SetChange) -> list[tuple[str, str]]:
+    """One set's changes as the ipset commands they amount to."""
+    out = []
+    if change.create:
+        out.append(("+", f"ipset create {change.name} {change.kind}"))
+    elif change.rebuild:
+        out.append(("~", f"ipset rebuild {change.name} maxelem {maxelem_for(len(change.wanted))}"))
+    out += [("+", f"ipset add {change.name} {entry}") for entry in change.add]
+    out += [("-", f"ipset del {change.name} {entry}") for entry in change.delete]
+    return out
+
+
+def _nft_lines(change: SetChange) -> list[tuple[str, str]]:
+    """One set's changes as the nft commands of the transaction, an element a line."""
+    name = NFT_NAMES.get(change.name, change.name)
+    out = [("+", f"nft add set {TABLE} {name}")] if change.create else []
+    out += [("+", f"nft add element {TABLE} {name} {{ {nft_element(e)} }}") for e in change.add]
+    out += [("-", f"nft delete element {TABLE} {name} {{ {nft_element(e)} }}")
+            for e in change.delete]  # fmt: skip
+    return out
 
 
 def set_changes(

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from ipaddress import ip_network
 
 from ipvsproxy.errors import KernelError, KernelUnavailable
-from ipvsproxy.firewall.firewall_plan import FirewallPlan, Observed, set_changes
+from ipvsproxy.firewall.firewall_plan import TABLE, FirewallPlan, Observed, set_changes
 from ipvsproxy.firewall.ipset import PROTOCOL_NUMBERS, SetChange, host_after
 from ipvsproxy.firewall.sets import (
     CLUSTER_IP,
@@ -73,15 +73,15 @@ from ipvsproxy.firewall.sets import (
     SetSpec,
     SetState,
     all_sets,
+    nft_element,
 )
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration
 from ipvsproxy.policy import LocalMode, NodePolicy
 
-__all__ = ["TABLE", "Chain", "NftFirewall", "element", "entry_of", "render_chains"]
+__all__ = ["TABLE", "Chain", "NftFirewall", "entry_of", "render_chains"]
 
-FAMILY, NAME = "inet", "ipvsproxy"
-TABLE = f"{FAMILY} {NAME}"
+FAMILY, NAME = TABLE.split()
 CHUNK = 2000  # elements per `add element` line of a transaction
 _MISSING = "No such file or directory"  # nft's words for a table that is not there
 
@@ -236,16 +236,6 @@ def set_declaration(name: str) -> str:
     return f"add set {TABLE} {NFT_NAMES[name]} {{ type {shape};{flags} }}"
 
 
-def element(entry: str) -> str:
-    """An entry as `ipset save` prints it, as an nftables element: `10.96.0.1,tcp:443` ->
-    `10.96.0.1 . tcp . 443`; `a,tcp:80,10.0.0.0/8` -> `a . tcp . 80 . 10.0.0.0/8`."""
-    first, *rest = entry.split(",")
-    if not rest:
-        return first
-    proto, _, port = rest[0].partition(":")
-    return " . ".join((first, proto, port, *rest[1:]))
-
-
 def entry_of(value: object) -> str:
     """An element of `nft -j` output as the entry `ipset save` would print."""
     if isinstance(value, dict) and "elem" in value:  # an element with options
@@ -274,7 +264,7 @@ def element_lines(changes: Iterable[SetChange]) -> list[str]:
     for change in changes:
         for verb, entries in (("add", change.add), ("delete", change.delete)):
             for start in range(0, len(entries), CHUNK):
-                chunk = ", ".join(element(e) for e in entries[start : start + CHUNK])
+                chunk = ", ".join(nft_element(e) for e in entries[start : start + CHUNK])
                 out.append(f"{verb} element {TABLE} {NFT_NAMES[change.name]} {{ {chunk} }}")
     return out
 

@@ -228,6 +228,16 @@ def _key_of(entry: str) -> VSKey | None:
         return None
 
 
+def nft_element(entry: str) -> str:
+    """An entry as `ipset save` prints it, as an nftables element: `10.96.0.1,tcp:443` ->
+    `10.96.0.1 . tcp . 443`; `a,tcp:80,10.0.0.0/8` -> `a . tcp . 80 . 10.0.0.0/8`."""
+    first, *rest = entry.split(",")
+    if not rest:
+        return first
+    proto, _, port = rest[0].partition(":")
+    return " . ".join((first, proto, port, *rest[1:]))
+
+
 def _splittable(net: IPNetwork) -> list[IPNetwork]:
     """ipset's net types take no /0: 0.0.0.0/0 becomes its two halves."""
     if net.prefixlen:

@@ -20,13 +20,12 @@ from ipvsproxy.firewall.ipset import SetChange
 from ipvsproxy.firewall.nft_firewall import (
     NftFirewall,
     _comment_of,
-    element,
     entry_of,
     parse_table,
     render_chains,
 )
 from ipvsproxy.firewall.rules import render
-from ipvsproxy.firewall.sets import NFT_NAMES, SetState, all_sets
+from ipvsproxy.firewall.sets import NFT_NAMES, SetState, all_sets, nft_element
 from ipvsproxy.policy import LocalMode, NodePolicy
 
 # ---- the rules, rule for rule ----------------------------------------------------------
@@ -182,7 +181,7 @@ def test_an_entry_survives_the_way_to_nftables_and_back(address, proto, number, 
         "hash:ip,port,ip": f"{address},{proto}:{number},{address}",
         "hash:ip,port,net": f"{address},{proto}:{number},{last}",
     }[kind]
-    parts = element(entry).split(" . ")
+    parts = nft_element(entry).split(" . ")
     if kind == "hash:ip":
         shown: Any = parts[0]
     else:
@@ -403,3 +402,17 @@ def test_a_refused_transaction_is_an_error_and_forgets_the_table() -> None:
         firewall.write_sets([SetChange("IPVSPROXY-VIPS", "hash:ip", 4, add=("10.96.0.9",))])
     firewall.observe()
     assert lists(commands) == 2
+
+
+def test_diff_shows_the_nft_commands_of_the_transaction() -> None:
+    firewall = NftFirewall(commands=FakeCommands(None))  # type: ignore[arg-type]
+    wanted = {
+        **empty_wanted().sets,
+        "IPVSPROXY-CLUSTER-IP": ("hash:ip,port", 4, frozenset({"10.96.0.1,tcp:443"})),
+    }
+    described = firewall.plan(SetState(wanted)).describe()
+    assert ("+", "nft add element inet ipvsproxy cluster-ip { 10.96.0.1 . tcp . 443 }") in described
+    assert ("+", "nft add set inet ipvsproxy lb-source") in described
+    chains = [c for sign, c in described if c.startswith("nft add chain")]
+    assert len(chains) == 5
+    assert chains[0].startswith("nft add chain inet ipvsproxy nat-prerouting { type nat hook")
