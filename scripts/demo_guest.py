@@ -2,9 +2,10 @@
 
 Builds pods for the endpoints of examples/cluster.yaml as network namespaces, starts the real
 agent, `ipvsproxy run --manifests` (the long-running loop, with the manifests as its source),
-shows the IPVS table, sends real requests through the VIPs printing which pod answered each,
-then edits the manifest (one web pod leaves) and shows the agent picking that up, checks that
-a dry run finds nothing to do, and stops the agent with SIGTERM (the rules stay in place).
+shows the IPVS table and the firewall's nftables table, sends real requests through the VIPs
+printing which pod answered each, then edits the manifest (one web pod leaves) and shows the
+agent picking that up, checks that a dry run finds nothing to do, and stops the agent with
+SIGTERM (the rules stay in place).
 Exits non-zero if any of that does not hold.
 """
 
@@ -95,6 +96,7 @@ def main() -> int:
         health = json.load(urllib.request.urlopen("http://127.0.0.1:10256/healthz", timeout=5))
         print(f"healthz: {health}")
         run("ipvsadm", "-Ln")
+        run("nft", "list", "table", "inet", "ipvsproxy")  # the firewall rules (docs/firewall.md)
 
         def show(title: str, answers: list[str]) -> Counter[str]:
             print(f"\n{title}")

@@ -26,7 +26,17 @@ from typing import Any
 import pytest
 
 from integration.host import STUCK, clean_ipvs
-from integration.lab import PORT, Lab, agent_command, alive, connect, request, udp_request
+from integration.lab import (
+    IPTABLES_TOOLS,
+    PORT,
+    Lab,
+    agent_command,
+    alive,
+    connect,
+    path_without,
+    request,
+    udp_request,
+)
 from tests import support
 from tests.factories import ep, node, port, service, slice_
 from tests.kubeapi import ApiServer
@@ -70,10 +80,17 @@ class Agent:
         self.log = log
         LOGS.append(log)
         self.proc: subprocess.Popen[bytes] | None = None
+        # as on a node with no iptables tool, no ipset, no ipvsadm: its firewall in nftables
+        tools = log.with_suffix(".tools")
+        self.path = str(tools / "bin") if tools.exists() else path_without(
+            tools, prefixes=IPTABLES_TOOLS
+        )  # fmt: skip
 
     def start(self) -> Agent:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.args, stdout=out, stderr=out)
+            self.proc = subprocess.Popen(
+                self.args, stdout=out, stderr=out, env={**os.environ, "PATH": self.path}
+            )
         STARTED.append(self.proc)
         eventually(self._serving, 2 * STUCK, "the agent serves /healthz and /metrics")
         return self
@@ -195,6 +212,7 @@ def test_agent_end_to_end(world, tmp_path):
     assert agent.logged("skipping malformed Service default/broken")
     assert "10.96.0.13" not in saved()
     assert agent.health()["backend"] == "ipvs"
+    assert agent.health()["firewall"] == "nftables"  # no iptables tool on its PATH
     assert "-A -t 192.168.99.1:443 -s wlc" in saved()
 
     # scale up, then down while a connection to the removed endpoint stays open
