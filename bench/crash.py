@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import BENCH_NODE, RawObject, cluster, fresh_netns  # noqa: E402
 from bench.whole_path import (  # noqa: E402
-    CLUSTER_CIDR,
+    NODE_FLAGS,
     SERVICE_CIDR,
     ProcIpvs,
     api_server,
@@ -93,7 +93,7 @@ class Crashes:
         self.cmd = agent_command(
             "--kubeconfig", str(kubeconfig), netns=ns, node=BENCH_NODE, service_cidr=SERVICE_CIDR,
             min_sync_period="1s", sync_period=30, health=None, metrics=None,
-            more=(*CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:0",
+            more=(*NODE_FLAGS, "--metrics-bind-address", "127.0.0.1:0",
                   "--healthz-bind-address", "127.0.0.1:0"),
         )  # fmt: skip
         self.kernel = ProcIpvs(ns)
@@ -207,7 +207,7 @@ def crash_rounds(
             diff = in_ns(ns, *agent_command(
                 "--kubeconfig", str(work / "kubeconfig"), command="diff", node=BENCH_NODE,
                 service_cidr=SERVICE_CIDR, min_sync_period=None, health=None, metrics=None,
-                more=CLUSTER_CIDR,
+                more=NODE_FLAGS,
             ), capture_output=True)  # fmt: skip
             if diff.returncode != 0:
                 rounds.append(Round("diff", 0, 0, f"diff exit {diff.returncode}: "

@@ -71,7 +71,8 @@ from ipvsproxy.saved_table import parse_save, render_save  # noqa: E402
 from tests.factories import from_objects  # noqa: E402
 
 SERVICE_CIDR = "10.96.0.0/16"
-CLUSTER_CIDR = ("--cluster-cidr", POD_NETWORK)  # the firewall's masquerade rules, as kube-proxy
+# the firewall's masquerade rules, as kube-proxy; --firewall as main() says (set there)
+NODE_FLAGS = ["--cluster-cidr", POD_NETWORK]
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def run_once(manifest: Path, want: IpvsState, out: Results) -> float:
     with fresh_netns() as ns:
         args = agent_command(
             "--manifests", str(manifest), "--once", node=BENCH_NODE, service_cidr=SERVICE_CIDR,
-            min_sync_period=None, health=None, metrics=None, more=CLUSTER_CIDR,
+            min_sync_period=None, health=None, metrics=None, more=NODE_FLAGS,
         )  # fmt: skip
         result: list[subprocess.CompletedProcess[str]] = []
         seconds = timed(lambda: result.append(in_ns(ns, *args, capture_output=True)))
@@ -365,7 +366,7 @@ def agent_rows(
         cmd = agent_command(
             "--kubeconfig", str(kubeconfig), netns=ns, node=BENCH_NODE, service_cidr=SERVICE_CIDR,
             min_sync_period=f"{args.min_sync_period}s", sync_period=args.sync_period,
-            health=None, metrics=None, more=(*CLUSTER_CIDR, "--log-format", "json", "--v", "2"),
+            health=None, metrics=None, more=(*NODE_FLAGS, "--log-format", "json", "--v", "2"),
         )  # fmt: skip
         kernel = ProcIpvs(ns)
         say("agent: starting")
@@ -602,8 +603,12 @@ def main() -> None:
         help="one slice change this many seconds after the first sync (-1: none)",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600.0, help="for the first sync")
+    parser.add_argument(
+        "--firewall", default="auto", choices=("auto", "nftables", "iptables"), help="the agent's"
+    )
     parser.add_argument("--change-timeout", type=float, default=300.0, help="for one change")
     args = parser.parse_args()
+    NODE_FLAGS.extend(("--firewall", args.firewall))
     if args.quick:
         args.services, args.sync_period = 100, 6.0
     parts = set(args.parts.split(","))
@@ -635,7 +640,7 @@ def main() -> None:
         f"ipvsproxy whole path, kernel {os.uname().release}, {args.services}x{args.dests} "
         f"({vss} virtual / {rss} real servers, {megabytes:.1f} MB of JSON), "
         f"median of {args.repeat}; agent: --sync-period {args.sync_period:g}s "
-        f"--min-sync-period {args.min_sync_period:g}s",
+        f"--min-sync-period {args.min_sync_period:g}s --firewall {args.firewall}",
     )
     sys.exit(1 if out.problems else 0)
 
