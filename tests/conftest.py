@@ -1,5 +1,6 @@
-"""Unit tests never touch this host's firewall: the iptables tools may run only inside a
-network namespace (`ip netns exec NS ...`, as integration/netns/ does)."""
+"""Unit tests never touch this host's firewall: the iptables and nftables tools may run only
+inside a network namespace (`ip netns exec NS ...`, as integration/netns/ does), and
+libnftables is never loaded."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def _no_host_firewall(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(self, args, stdin=stdin)
 
     monkeypatch.setattr(Commands, "run", guarded)
+    # nor nftables through its library (which Commands would not see): the tool, guarded
+    from ipvsproxy.firewall.nft_runner import Libnftables
+
+    monkeypatch.setattr(Libnftables, "open", classmethod(lambda cls: None))
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,13 @@
 """The nftables firewall against this host's kernel, in a throw-away network namespace: the
 whole table written in one transaction and read back as written, a refused transaction
-changing nothing, nobody else's table ever touched, and an idle observation that runs no
-`nft` at all (the generation counter)."""
+changing nothing, nobody else's table ever touched, and an idle observation that asks
+nftables nothing (the generation counter); through libnftables and through the `nft` tool."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from ipaddress import ip_network
 
 import pytest
@@ -41,15 +41,7 @@ def wanted(entries: dict[str, set[str]]) -> SetState:
     )
 
 
-class Counting(Commands):
-    """The node's tools, with the `nft` processes counted."""
-
-    def run(self, args: Sequence[str], *, stdin: str | None = None) -> str:
-        COUNT[0] += args[0] == "nft"
-        return super().run(args, stdin=stdin)
-
-
-COUNT = [0]
+COUNT = [0]  # the transactions and readings sent to nftables
 
 
 def nft(netns: str, *args: str, stdin: str | None = None) -> str:
@@ -59,13 +51,32 @@ def nft(netns: str, *args: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-@pytest.fixture
-def firewall(netns: str) -> Iterator[NftFirewall]:
-    with inside(netns):  # the generation counter's socket in the node's namespace
-        commands = Counting(prefix=("ip", "netns", "exec", netns))
-        made = NftFirewall(options=OPTIONS, commands=commands)
+@pytest.fixture(params=["libnftables", "nft"])
+def firewall(netns: str, request: pytest.FixtureRequest) -> Iterator[NftFirewall]:
+    """The firewall in the namespace, through libnftables (opened there: it stays bound to
+    it) or through the tool (`ip netns exec`), its calls to nftables counted."""
+    with inside(netns):
+        if request.param == "nft":
+            made = NftFirewall(
+                options=OPTIONS, commands=Commands(prefix=("ip", "netns", "exec", netns))
+            )
+        else:
+            made = NftFirewall(options=OPTIONS)
         made.check()
-        made.generation = RulesetGeneration.open()
+        made.generation = made.generation or RulesetGeneration.open()
+    assert made.nft.name == request.param
+    runner = made.nft
+    run, list_json = runner.run, runner.list_json
+
+    def counted_run(script: str, *, check: bool = False) -> None:
+        COUNT[0] += 1
+        run(script, check=check)
+
+    def counted_list(*words: str) -> str:
+        COUNT[0] += 1
+        return list_json(*words)
+
+    runner.run, runner.list_json = counted_run, counted_list  # type: ignore[method-assign]
     try:
         yield made
     finally:
@@ -76,7 +87,7 @@ def test_the_table_is_written_in_one_transaction_and_read_back_as_written(firewa
     plan = firewall.plan(wanted(ENTRIES))
     COUNT[0] = 0
     firewall.apply(plan)
-    assert COUNT[0] == 1  # one `nft -f` (the generation is read over netlink, no process)
+    assert COUNT[0] == 1  # one transaction (the generation is read over netlink)
     seen = firewall.observe().sets.sets
     for name, kind, version in all_sets():
         assert seen[name] == (kind, version, frozenset(ENTRIES.get(name, ()))), name
@@ -86,7 +97,7 @@ def test_the_table_is_written_in_one_transaction_and_read_back_as_written(firewa
     assert "ip saddr != 10.244.0.0/16" in listed
 
 
-def test_an_idle_observation_runs_no_nft_and_anyone_s_commit_makes_it_read(firewall, netns):
+def test_an_idle_observation_reads_nothing_and_anyone_s_commit_makes_it_read(firewall, netns):
     firewall.apply(firewall.plan(wanted(ENTRIES)))
     firewall.observe()
     COUNT[0] = 0

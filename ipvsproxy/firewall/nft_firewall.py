@@ -38,13 +38,13 @@ transaction (iptables/generation.py): the table read at generation G still holds
 an idle resync reads nothing but the counter; after its own write (G -> G + 1, nobody else
 in between) the firewall knows the table without reading it.
 
-Why the `nft` tool and not libnftables through python3-nftables: the Debian package is for
-the system's interpreter, not the image's, and its JSON interface costs the same parse; the
-tool is in every distribution's nftables package. Why not the kernel's netlink API directly:
-nf_tables' rules are bytecode (expressions, registers, set lookups), which only libnftables
-compiles; writing that compiler again is not ipvsproxy's job.
+nftables is spoken to through libnftables in this process where it can be loaded, else the
+`nft` tool (nft_runner.py: the same text, the same JSON; why the library there). Why not the
+kernel's netlink API directly: nf_tables' rules are bytecode (expressions, registers, set
+lookups), which only libnftables compiles; writing that compiler again is not ipvsproxy's job.
 
 Imports: firewall.sets, firewall.ipset (SetChange, host_after), firewall.firewall_plan,
+firewall.nft_runner,
 iptables.generation (the counter), host.commands, policy, errors, the standard library.
 """
 
@@ -60,6 +60,7 @@ from ipaddress import ip_network
 from ipvsproxy.errors import KernelError, KernelUnavailable
 from ipvsproxy.firewall.firewall_plan import TABLE, FirewallPlan, Observed, set_changes
 from ipvsproxy.firewall.ipset import PROTOCOL_NUMBERS, SetChange, host_after
+from ipvsproxy.firewall.nft_runner import MISSING, Libnftables, NftRunner, NftTool
 from ipvsproxy.firewall.sets import (
     CLUSTER_IP,
     EXTERNAL_IP,
@@ -83,7 +84,6 @@ __all__ = ["TABLE", "Chain", "NftFirewall", "entry_of", "render_chains"]
 
 FAMILY, NAME = TABLE.split()
 CHUNK = 2000  # elements per `add element` line of a transaction
-_MISSING = "No such file or directory"  # nft's words for a table that is not there
 
 # the nftables type of each ipset type's entries, per IP version
 _ADDR = {4: "ipv4_addr", 6: "ipv6_addr"}
@@ -282,16 +282,27 @@ class NftFirewall:
     # nf_tables' generation counter, opened by check() where the tool runs in this process's
     # network namespace (no `commands.prefix`)
     generation: RulesetGeneration | None = None
+    # how nftables is spoken to: check() opens libnftables where it works in this process's
+    # namespace (no `commands.prefix`), else the `nft` tool through `commands`
+    runner: NftRunner | None = None
     _known: tuple[int, Observed] | None = field(default=None, init=False, repr=False)
 
     name = "nftables"
 
+    @property
+    def nft(self) -> NftRunner:
+        if self.runner is None:
+            self.runner = NftTool(self.commands)
+        return self.runner
+
     def close(self) -> None:
         if self.generation is not None:
             self.generation.close()
+        if self.runner is not None:
+            self.runner.close()
 
     def required_tools(self) -> tuple[str, ...]:
-        return ("nft",)
+        return () if isinstance(self.runner, Libnftables) else ("nft",)
 
     def missing_tools(self) -> tuple[str, ...]:
         return tuple(tool for tool in self.required_tools() if shutil.which(tool) is None)
@@ -300,6 +311,8 @@ class NftFirewall:
         """KernelUnavailable when `nft` is missing or the kernel refuses the table (no
         nf_tables, no NAT for the inet family, no concatenated interval sets): the whole
         table is checked by the kernel in a transaction it does not commit (`nft -c`)."""
+        if self.runner is None and not self.commands.prefix:
+            self.runner = Libnftables.open()
         missing = self.missing_tools()
         if missing:
             raise KernelUnavailable(f"{', '.join(missing)} not found on PATH")
@@ -308,7 +321,7 @@ class NftFirewall:
             skeleton += [chain.declaration(), *(f"add rule {TABLE} {chain.name} {rule}"
                                                for rule in chain.rules)]  # fmt: skip
         try:
-            self.commands.run(["nft", "-c", "-f", "-"], stdin=_script(skeleton))
+            self.nft.run(_script(skeleton), check=True)
         except KernelError as exc:
             raise KernelUnavailable(f"nftables refused ipvsproxy's table: {exc}") from exc
         if self.generation is None and not self.commands.prefix:
@@ -329,9 +342,9 @@ class NftFirewall:
 
     def _read(self) -> Observed:
         try:
-            text = self.commands.run(["nft", "-j", "list", "table", FAMILY, NAME])
+            text = self.nft.list_json("table", FAMILY, NAME)
         except KernelError as exc:
-            if _MISSING in str(exc):
+            if MISSING in str(exc):
                 return Observed(SetState({}), {})
             raise
         return parse_table(text)
@@ -390,7 +403,7 @@ class NftFirewall:
             return
         before = self._generation()
         known, self._known = self._known, None
-        self.commands.run(["nft", "-f", "-"], stdin=_script(lines))
+        self.nft.run(_script(lines))
         if known is None or before != known[0] or rules:
             return
         after = self._generation()
@@ -413,12 +426,12 @@ class NftFirewall:
         removed += [f"nft table {TABLE}: set {NFT_NAMES.get(n, n)}" for n in sorted(seen.sets.sets)]
         if not dry_run:
             self._known = None
-            self.commands.run(["nft", "delete", "table", FAMILY, NAME])
+            self.nft.run(f"delete table {TABLE}\n")
         return removed
 
     def _exists(self) -> bool:
         try:
-            self.commands.run(["nft", "list", "table", FAMILY, NAME])
+            self.nft.list_json("table", FAMILY, NAME)
         except KernelError:
             return False
         return True
