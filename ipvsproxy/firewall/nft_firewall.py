@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_network
 
@@ -129,6 +129,12 @@ class ChainSeen:
     hook: str
     priority: int
     comments: tuple[str, ...]
+
+
+def _seen(chain: Chain) -> ChainSeen:
+    """How a listing of the table shows `chain` once written."""
+    return ChainSeen(chain.kind, chain.hook, chain.priority,
+                     tuple(_comment_of(rule) for rule in chain.rules))  # fmt: skip
 
 
 def render_chains(options: NodePolicy, versions: tuple[int, ...] = (4, 6)) -> tuple[Chain, ...]:
@@ -360,7 +366,7 @@ class NftFirewall:
             have = seen.chains.get(chain.name)
             shape = (chain.kind, chain.hook, chain.priority)
             if isinstance(have, ChainSeen) and (have.kind, have.hook, have.priority) == shape:
-                if have.comments == tuple(_comment_of(rule) for rule in chain.rules):
+                if have == _seen(chain):
                     continue
                 script.append(f"flush chain {TABLE} {chain.name}")
             else:
@@ -380,7 +386,11 @@ class NftFirewall:
         lines += plan.script
         lines += element_lines(plan.sets)
         lines += [f"delete set {TABLE} {NFT_NAMES.get(n, n)}" for n in plan.stale_sets]
-        self._commit(lines, plan.sets, plan.stale_sets, rules=bool(plan.script))
+        chains = None
+        if plan.script:  # the chains are this version's from now on
+            rendered = render_chains(self.options, self.versions)
+            chains = {chain.name: _seen(chain) for chain in rendered}
+        self._commit(lines, plan.sets, plan.stale_sets, chains)
 
     def write_sets(self, changes: Iterable[SetChange]) -> int:
         """The incremental path: these set changes as one transaction, nothing read.
@@ -390,28 +400,37 @@ class NftFirewall:
         if not changes:
             return 0
         lines = [f"add table {TABLE}", *(set_declaration(c.name) for c in changes if c.create)]
-        self._commit(lines + element_lines(changes), changes, (), rules=False)
+        self._commit(lines + element_lines(changes), changes, (), None)
         return sum(len(c.add) + len(c.delete) + c.create for c in changes)
 
     def _commit(
-        self, lines: list[str], changes: tuple[SetChange, ...], stale: Iterable[str], *,
-        rules: bool,
-    ) -> None:  # fmt: skip
-        """One `nft -f -`; what is known of the table moves with it when this was the only
-        commit since it was known (the generation rose by exactly one)."""
+        self,
+        lines: list[str],
+        changes: tuple[SetChange, ...],
+        stale: Iterable[str],
+        chains: Mapping[str, ChainSeen] | None,
+    ) -> None:
+        """One transaction. What is known of the table moves with it when this was the only
+        commit since it was known (the generation rose by exactly one): its sets as the
+        changes leave them, its chains `chains` (None: unchanged). A node's first pass and
+        each change after it so never read the table back."""
         if len(lines) == 1:
             return
         before = self._generation()
         known, self._known = self._known, None
         self.nft.run(_script(lines))
-        if known is None or before != known[0] or rules:
+        if known is None or before != known[0]:
             return
         after = self._generation()
         if after is None or before is None or after != before + 1:
             return
+        gone = set(stale)
         sets = host_after(known[1].sets, changes)
-        kept = {n: v for n, v in sets.sets.items() if n not in set(stale)}
-        self._known = (after, Observed(SetState(kept), known[1].chains))
+        kept = {n: v for n, v in sets.sets.items() if n not in gone}
+        self._known = (
+            after,
+            Observed(SetState(kept), known[1].chains if chains is None else chains),
+        )
 
     def _generation(self) -> int | None:
         return self.generation.current() if self.generation is not None else None

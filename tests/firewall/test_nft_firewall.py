@@ -416,3 +416,15 @@ def test_diff_shows_the_nft_commands_of_the_transaction() -> None:
     chains = [c for sign, c in described if c.startswith("nft add chain")]
     assert len(chains) == 5
     assert chains[0].startswith("nft add chain inet ipvsproxy nat-prerouting { type nat hook")
+
+
+def test_after_its_first_write_alone_the_whole_table_is_known_without_reading_it() -> None:
+    commands = FakeCommands(None)  # no table yet
+    # observe at 7 (read: none); the write: 7 before, 8 after; then 8 for the next passes
+    firewall = NftFirewall(commands=commands, generation=FakeGeneration(7, 7, 8, 8))  # type: ignore[arg-type]
+    wanted = SetState(
+        {**empty_wanted().sets, "IPVSPROXY-VIPS": ("hash:ip", 4, frozenset({"10.96.0.1"}))}
+    )
+    firewall.apply(firewall.plan(wanted, firewall.observe()))
+    assert not firewall.plan(wanted)  # rules and sets as written: nothing left to do
+    assert lists(commands) == 1  # the one reading before the table existed
