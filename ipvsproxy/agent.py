@@ -262,6 +262,8 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
         for warning in proxier.warnings:
             log.warning("%s", warning)
         result = proxier.apply(planned)
+        if not result.firewall_error:
+            _retiring(backend)()
     if result.firewall_error:
         log.error("firewall rules: %s", result.firewall_error)
     log.info(
@@ -271,6 +273,15 @@ def run_once(config: Config, *, manifest_paths: Sequence[Path]) -> PassResult:
         result.firewall_changes,
     )
     return result
+
+
+def _retiring(backend: backends.Backend) -> Callable[[], object]:
+    """What to do once the first full pass wrote the firewall rules: remove the other
+    firewall implementation's (backends.retire_other_firewall)."""
+    firewall = backend.firewall
+    if firewall is None:
+        return lambda: None
+    return functools.partial(backends.retire_other_firewall, firewall)
 
 
 @_exclusive("run")
@@ -401,6 +412,7 @@ class Agent:
             service_health=self._service_health,
             node_required=isinstance(self.source, Cluster),
             on_names=on_names,
+            after_first_full=_retiring(backend),
         )
         # a caller's `stop` (an embedding program, a test) ends the loop like a signal
         threading.Thread(target=self._stop_on_request, name="stop", daemon=True).start()

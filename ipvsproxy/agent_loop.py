@@ -70,8 +70,11 @@ class AgentLoop:
         node_required: bool = False,
         wall_clock: Callable[[], float] = time.time,
         on_names: Callable[[Mapping[VSKey, str]], None] | None = None,
+        after_first_full: Callable[[], object] | None = None,
     ) -> None:
         self.proxier = proxier
+        # called once, after the first full pass whose firewall step was written
+        self._after_first_full = after_first_full
         # for `status` (HTTP worker thread), replaced whole at the end of each completed pass:
         # the state it left, and when the last full and partial passes completed
         self.snapshot: Snapshot | None = None
@@ -175,6 +178,10 @@ class AgentLoop:
         """A pass that completed: metrics, health, the log line, early retries."""
         if result.full:
             self._metrics.families(self.proxier.desired.families())
+            then = self._after_first_full
+            if then is not None and not result.firewall_error:
+                self._after_first_full = None
+                then()
             if not self._frozen:
                 freeze_heap()
                 self._frozen = True

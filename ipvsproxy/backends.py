@@ -294,23 +294,34 @@ def _load_modules(config: Config) -> list[str]:
 
 
 def remove_leftovers(backend: Backend, config: Config, *, dry_run: bool = False) -> list[str]:
-    """The other backend's objects, and the other firewall implementation's (with IPVS),
-    removed: the choice changed since the last run (with
-    `dry_run`, only found and listed)."""
+    """The other backend's objects, removed: the backend changed since the last run (with
+    `dry_run`, only found and listed, the other firewall implementation's among them). With
+    IPVS, the other firewall implementation's record of node-address virtual servers is
+    copied into this one's; its rules stay until this one's are written
+    (`retire_other_firewall()`, after the first full pass), so the node is never without."""
     if backend.name == IPVS:
         removed = _iptables_cleanup(dry_run=dry_run)
     else:
         removed = _ipvs_cleanup(config, dry_run=dry_run)
-    switched = (
-        [] if backend.firewall is None else switch_firewall(backend.firewall, dry_run=dry_run)
-    )
     if dry_run:
-        return removed + switched
+        other = [] if backend.firewall is None else _firewall_cleanup(
+            dry_run=True, keep=backend.firewall.name
+        )  # fmt: skip
+        return removed + other
     for item in removed:
         log.warning("removed a leftover of the %s backend: %s", _other(backend.name), item)
-    for item in switched:
+    if backend.firewall is not None:
+        adopt_records(backend.firewall)
+    return removed
+
+
+def retire_other_firewall(firewall: HostFirewall) -> list[str]:
+    """The other firewall implementation's rules and sets, removed (the choice changed since
+    the last run): called once `firewall`'s rules are written, after the first full pass."""
+    removed = _firewall_cleanup(dry_run=False, keep=firewall.name)
+    for item in removed:
         log.warning("removed a leftover of the other firewall implementation: %s", item)
-    return removed + switched
+    return removed
 
 
 def cleanup(config: Config, *, dry_run: bool, ipvs: bool = True) -> list[str]:
@@ -435,34 +446,31 @@ def _both_firewalls() -> tuple[HostFirewall, ...]:
     return (NftFirewall(), Firewall())
 
 
-def switch_firewall(firewall: HostFirewall, *, dry_run: bool = False) -> list[str]:
-    """The other implementation's firewall, removed (the choice changed since the last run):
-    its record of the virtual servers ipvsproxy made on node addresses first copied into
-    `firewall`'s, so that none of them is ever in neither record (an agent killed in
-    between still knows them)."""
+def adopt_records(firewall: HostFirewall) -> frozenset[VSKey]:
+    """The other firewall implementation's record of the virtual servers ipvsproxy made on
+    node addresses (its CREATED sets), copied into `firewall`'s before the first pass reads
+    it, so that none of them is ever in neither record (an agent killed at any moment
+    still knows them). What was copied."""
+    found: frozenset[VSKey] = frozenset()
     for other in _both_firewalls():
         if other.name == firewall.name:
             continue
         try:
             other.check()
-            keys = recorded(other.observe_sets())
+            found |= recorded(other.observe_sets())
         except KernelError as exc:
-            log.debug("no %s firewall to remove: %s", other.name, exc)
+            log.debug("no %s firewall to take a record from: %s", other.name, exc)
+        finally:
             other.close()
-            continue
-        other.close()
-        if keys and not dry_run:
-            entries: dict[int, list[str]] = {}
-            for key in keys:
-                entries.setdefault(key.address.version, []).append(record_of(key)[1])
-            firewall.write_sets(
-                SetChange(
-                    CREATED.name(v), CREATED.kind, v, True, tuple(sorted(e)), wanted=frozenset(e)
-                )  # fmt: skip
-                for v, e in sorted(entries.items())
-                if v in firewall.versions
-            )
-    return _firewall_cleanup(dry_run=dry_run, keep=firewall.name)
+    entries: dict[int, list[str]] = {}
+    for key in found:
+        entries.setdefault(key.address.version, []).append(record_of(key)[1])
+    firewall.write_sets(
+        SetChange(CREATED.name(v), CREATED.kind, v, True, tuple(sorted(e)), wanted=frozenset(e))
+        for v, e in sorted(entries.items())
+        if v in firewall.versions
+    )
+    return found
 
 
 def traffic_kernel(backend: Backend) -> Counted:

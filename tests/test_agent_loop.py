@@ -370,3 +370,34 @@ def test_a_full_pass_asked_for_during_a_full_pass_is_the_next_one(monkeypatch):
     clock.now += 1
     agent.sync()
     assert not last_full()  # asked once, done once
+
+
+def test_the_other_firewall_goes_once_after_the_first_full_pass_that_wrote_the_rules(
+    monkeypatch,
+):
+    """Switching firewall implementations: the old rules stay until the new ones are
+    written (the first full pass whose firewall step did not fail), then go, once."""
+    import dataclasses
+
+    agent = Agent()
+    retired: list[int] = []
+    agent.sync._after_first_full = lambda: retired.append(1)
+    apply = agent.sync.proxier.apply
+    failing = [True]
+
+    def first_fails(planned):
+        result = apply(planned)
+        if failing[0]:
+            return dataclasses.replace(result, firewall_error="nft failed: boom")
+        return result
+
+    monkeypatch.setattr(agent.sync.proxier, "apply", first_fails)
+    agent.feed(service("web"), web_slice("10.244.0.1"))
+    agent.sync()
+    assert retired == []  # the new rules were not written: the old ones stay
+    failing[0] = False
+    agent.sync._full_asked = True
+    agent.sync()
+    agent.sync._full_asked = True
+    agent.sync()
+    assert retired == [1]

@@ -174,10 +174,11 @@ def test_auto_keeps_iptables_where_the_iptables_forward_policy_drops(netns, poli
         firewall.close()
 
 
-def test_switching_to_nftables_moves_the_record_then_removes_the_iptables_firewall(netns):
-    """The record of virtual servers made on node addresses (ownership rule 5) is written
-    into the new firewall before the old one goes: no moment without it."""
-    from ipvsproxy.backends import switch_firewall
+def test_switching_to_nftables_copies_the_record_first_and_removes_iptables_after(netns):
+    """The record of virtual servers made on node addresses (ownership rule 5) is copied
+    into the new firewall before its first pass; the old rules stay until the new ones are
+    written (no moment without either), then go."""
+    from ipvsproxy.backends import adopt_records, retire_other_firewall
     from ipvsproxy.firewall.host_firewall import Firewall
 
     old = Firewall(commands=Commands(prefix=("ip", "netns", "exec", netns)))
@@ -188,11 +189,15 @@ def test_switching_to_nftables_moves_the_record_then_removes_the_iptables_firewa
         new = NftFirewall()
         new.check()
         try:
-            removed = switch_firewall(new)
+            adopt_records(new)
             moved = new.observe_sets().sets["IPVSPROXY-CREATED"][2]
+            kept = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+            new.apply(new.plan(wanted(record)))  # the first pass
+            removed = retire_other_firewall(new)
         finally:
             new.close()
     assert moved == {"192.168.1.10,tcp:30080"}
+    assert "IPVSPROXY-FILTER" in kept  # still there before the first pass
     assert "ipset IPVSPROXY-CREATED" in removed
     saved = subprocess.run(["ip", "netns", "exec", netns, "iptables-save"], capture_output=True,
                            text=True, check=True).stdout  # fmt: skip
