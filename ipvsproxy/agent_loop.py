@@ -99,6 +99,7 @@ class AgentLoop:
         # pass starts, so a request made during a full pass is not swallowed by its end
         self._full_asked = False
         self._frozen = False
+        self._first_done = False  # the first Services' pass (Proxier.plan_first), tried once
         # when the pass runs: at most every --min-sync-period, at least every --sync-period,
         # soon after a change; one thread calls its `loop()`, others `request()` or `stop()`
         self.runner = Runner(
@@ -163,6 +164,9 @@ class AgentLoop:
         self.proxier.feed(changes)
         self._warn(self.proxier.warnings)
         try:
+            if not self._first_done:
+                self._first_done = True
+                self._first_services()
             result = self.proxier.apply(self.proxier.plan(full=full))
         except KernelError as exc:
             self._pass_failed(f"sync failed: {exc}", traceback=False, started=started, full=full)
@@ -173,6 +177,22 @@ class AgentLoop:
             )
             return
         self._completed(result, changes, started)
+
+    def _first_services(self) -> None:
+        """Before the first full pass, the first Services alone (`--first-services`), when
+        the kernel does not serve them yet; the full pass follows at once. KernelError."""
+        first = self.proxier.plan_first(self._config.first_services)
+        if first is None:
+            return
+        result = self.proxier.apply(first)
+        names = sorted({name.rpartition(":")[0] or name for name in first.names.values()})
+        failed = len(result.sync.report.failures)
+        log.info(
+            "first Services served before the rest of the table: %s (%d operations, %d "
+            "failed, %d firewall changes%s)",
+            ", ".join(names), len(result.sync.plan), failed, result.firewall_changes,
+            f"; firewall rules: {result.firewall_error}" if result.firewall_error else "",
+        )  # fmt: skip
 
     def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
         """A pass that completed: metrics, health, the log line, early retries."""

@@ -48,6 +48,11 @@ class Config:
     # IPVS mode's firewall rules: nftables | iptables | auto (nftables where the kernel takes
     # ipvsproxy's table and `nft` works, else iptables and ipsets)
     firewall: str = "auto"
+    # served before the rest of the table on a node's first pass (namespace, name)
+    first_services: tuple[tuple[str, str], ...] = (
+        ("default", "kubernetes"),
+        ("kube-system", "kube-dns"),
+    )
     strict_arp: bool = False
     tcp_timeout: int = 0  # IPVS connection timeouts in seconds; 0 leaves the kernel's value
     tcp_fin_timeout: int = 0

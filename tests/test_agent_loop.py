@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ from ipvsproxy.metrics import Metrics
 from ipvsproxy.model import AddService
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
-from tests.factories import ep, service, slice_
+from tests.factories import ep, port, service, slice_
 from tests.support import AGENT_CONFIG as CONFIG
 from tests.support import Agent, driven_agent, eventually, next_run, sample
 
@@ -401,3 +402,72 @@ def test_the_other_firewall_goes_once_after_the_first_full_pass_that_wrote_the_r
     agent.sync._full_asked = True
     agent.sync()
     assert retired == [1]
+
+
+def first_services_cluster(count: int) -> list[dict]:
+    """The API's Service and the cluster DNS (served first by default), and `count` others."""
+    objects = [
+        service("kubernetes", cluster_ips=("10.96.0.1",), ports=[port("https", 443, "TCP", 6443)]),
+        slice_("kubernetes", ports=(("https", 6443, "TCP"),), endpoints=[ep("192.168.0.1")]),
+        service("kube-dns", ns="kube-system", cluster_ips=("10.96.0.10",),
+                ports=[port("dns", 53, "UDP", 53)]),
+        slice_("kube-dns", ns="kube-system", ports=(("dns", 53, "UDP"),),
+               endpoints=[ep("10.244.0.53")]),
+    ]  # fmt: skip
+    for i in range(count):
+        objects += [
+            service(f"s{i}", cluster_ips=(f"10.96.1.{i + 1}",)),
+            slice_(f"s{i}", endpoints=[ep(f"10.244.1.{i + 1}")]),
+        ]
+    return objects
+
+
+def recorded_applies(agent: Agent) -> list[list]:
+    calls: list[list] = []
+    apply = agent.kernel.apply
+
+    def recording(plan, **kwargs):
+        calls.append(list(plan))
+        return apply(plan, **kwargs)
+
+    agent.kernel.apply = recording  # type: ignore[method-assign]
+    return calls
+
+
+def test_the_first_services_are_served_by_a_pass_of_their_own_before_the_rest(caplog):
+    agent = Agent()
+    calls = recorded_applies(agent)
+    agent.feed(*first_services_cluster(20))
+    with caplog.at_level("INFO", logger="ipvsproxy.sync"):
+        agent.sync()
+    first, rest = calls
+    keys = {str(op.vs.key.address) for op in first if isinstance(op, AddService)}
+    assert keys == {"10.96.0.1", "10.96.0.10"}  # the API's Service and the DNS, alone
+    assert {type(op).__name__ for op in first} == {"AddService", "AddDest", "BindAddress"}
+    assert len([op for op in rest if isinstance(op, AddService)]) == 20  # then the rest
+    assert "first Services served before the rest of the table: default/kubernetes, " \
+        "kube-system/kube-dns" in caplog.text  # fmt: skip
+    agent.sync()
+    assert len(calls) == 2  # nothing more to do; the first Services' pass never again
+
+
+def test_a_restart_with_the_first_services_served_has_no_pass_for_them():
+    agent = Agent()
+    agent.feed(*first_services_cluster(3))
+    agent.sync()
+    again = Agent(kernel=agent.kernel)  # the next process, on the table the first one left
+    calls = recorded_applies(again)
+    again.feed(*first_services_cluster(4))
+    again.sync()
+    (only,) = calls  # one pass: the full one, with the one new Service
+    assert [type(op).__name__ for op in only if isinstance(op, AddService)] == ["AddService"]
+
+
+def test_no_first_services_no_pass_of_their_own():
+    agent = Agent()
+    agent.sync.proxier.config = dataclasses.replace(CONFIG, first_services=())
+    agent.sync._config = agent.sync.proxier.config
+    calls = recorded_applies(agent)
+    agent.feed(*first_services_cluster(2))
+    agent.sync()
+    assert len(calls) == 1

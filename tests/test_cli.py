@@ -78,6 +78,7 @@ def test_diff_in_sync_exits_0(tmp_path):
         (["--nodeport-addresses", "10.0.0.0/33"], "--nodeport-addresses: '10.0.0.0/33'"),
         (["--service-node-port-range", "3-2"], "--service-node-port-range"),
         (["--cluster-cidr", "10.244.0.0/33"], "--cluster-cidr: '10.244.0.0/33'"),
+        (["--first-services", "kube-dns"], "--first-services: 'kube-dns' is not NAMESPACE/NAME"),
         (
             ["--detect-local-mode", "InterfaceNamePrefix"],
             "--detect-local-mode InterfaceNamePrefix needs --pod-interface-name-prefix",

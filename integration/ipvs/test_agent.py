@@ -334,3 +334,28 @@ def test_a_wrong_token_exits_with_a_clear_error(world, tmp_path):
     assert "401 Unauthorized" in ran.stderr
     assert "token" in ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def test_a_first_sync_serves_the_api_s_service_before_the_rest_of_the_table(world, tmp_path):
+    """`--first-services` (default: default/kubernetes, kube-system/kube-dns): on a node whose
+    table is empty, a pass of their own, firewall entries included, comes before the full
+    pass; nothing of it waits for the other Services."""
+    api, lab, kubeconfig = world
+    b = [x.address for x in lab.backends]
+    api.put(node(addresses=(NODE_IP,)))
+    api.put(service("kubernetes", cluster_ips=("10.96.0.1",),
+                    ports=[port("https", 443, "TCP", PORT)]))  # fmt: skip
+    api.put(slice_("kubernetes", ports=(("https", PORT, "TCP"),), endpoints=[ep(b[0])]))
+    for i in range(200):
+        api.put(service(f"s{i}", cluster_ips=(f"10.96.2.{i + 1}",)))
+        api.put(slice_(f"s{i}", endpoints=[ep(b[1])]))
+    agent = Agent(kubeconfig, tmp_path / "agent.log").start()
+    eventually(lambda: agent.passes() >= 1, 2 * STUCK, "first complete pass")
+    log = agent.log.read_text()
+    first = log.index("first Services served before the rest of the table: default/kubernetes")
+    assert "(3 operations, 0 failed" in log[first:]  # the service, its destination, its VIP
+    assert log.index("sync: ", first) > first  # the full pass came after it
+    assert request(lab.clients[0], "10.96.0.1", 443) == "b1"
+    listed = subprocess.run(["nft", "list", "set", "inet", "ipvsproxy", "service-ports"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "10.96.0.1 . tcp . 443" in listed

@@ -195,6 +195,16 @@ def node_options(func: F) -> F:
             "kernel takes the table and nft works, else iptables (docs/firewall.md).",
         ),
         option(
+            "--first-services",
+            section=OWN,
+            metavar="NS/NAME,...",
+            default="default/kubernetes,kube-system/kube-dns",
+            show_default=True,
+            help="Served before the rest of the table when a node's table is not complete "
+            "yet, so that a node joining a large cluster reaches the API and the cluster DNS "
+            "within seconds; empty: none.",
+        ),
+        option(
             "--allow-no-firewall-rules",
             section=OWN,
             is_flag=True,

@@ -98,6 +98,7 @@ def make_config(opts: dict[str, Any]) -> Config:
         fallback=not opts["no_fallback"],
         allow_no_firewall=opts["allow_no_firewall_rules"],
         firewall=opts["firewall"],
+        first_services=parse_refs(opts["first_services"], "--first-services"),
         cluster_cidrs=cluster_cidrs,
         masquerade_all=opts["masquerade_all"],
         masquerade_bit=opts["masquerade_bit"],
@@ -288,3 +289,14 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def parse_refs(text: str, option: str) -> tuple[tuple[str, str], ...]:
+    """`NS/NAME,...` as (namespace, name) pairs; ConfigError naming the bad one."""
+    refs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        namespace, slash, name = item.partition("/")
+        if not (slash and namespace and name) or "/" in name:
+            raise ConfigError(f"{option}: {item!r} is not NAMESPACE/NAME")
+        refs.append((namespace, name))
+    return tuple(refs)

@@ -18,7 +18,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError, RestoreFailed
 from ipvsproxy.firewall.conntrack import forget_udp
 from ipvsproxy.firewall.firewall_plan import FirewallPlan, HostFirewall, Observed
-from ipvsproxy.firewall.ipset import host_after
+from ipvsproxy.firewall.ipset import BULK, host_after
 from ipvsproxy.firewall.kube_proxy import read_adopted
 from ipvsproxy.firewall.set_index import SetIndex
 from ipvsproxy.firewall.sets import is_record, record_of
@@ -123,6 +123,37 @@ class FirewallStep:
             return replace(planned, firewall=wanted, firewall_seen=seen)
         except KernelError as exc:
             return replace(planned, firewall_error=str(exc))
+
+    def plan_first(
+        self,
+        planned: PassPlan,
+        access: Mapping[VSKey, Access],
+        local: Container[IPAddress],
+        pod_cidrs: tuple[IPNetwork, ...],
+    ) -> PassPlan:
+        """`planned` (Proxier.plan_first: a few Services before the first full pass) with
+        the rules and those Services' set entries, added to what the host holds: nothing is
+        deleted or swapped (the other entries are the full pass's). The set index is left
+        alone: the full pass that follows builds it from what it observes."""
+        firewall = self.firewall
+        firewall.options = node_policy(self.config, pod_cidrs)
+        try:
+            index = SetIndex(versions=firewall.versions)
+            index.reset(planned.ipvs.state, access, local=local)
+            whole = firewall.plan(index.wanted(), firewall.observe())
+        except KernelError as exc:
+            return replace(planned, firewall_error=str(exc))
+        adds = []
+        for change in whole.sets:  # at most BULK entries a change: never swapped in whole
+            for start in range(0, max(len(change.add), 1), BULK):
+                create = change.create and not start
+                if not (create or change.add):
+                    continue
+                part = change.add[start : start + BULK]
+                wanted = frozenset(part) if create else frozenset()
+                adds.append(replace(change, create=create, add=part, delete=(), rebuild=False,
+                                    wanted=wanted))  # fmt: skip
+        return replace(planned, firewall=replace(whole, sets=tuple(adds), stale_sets=()))
 
     def plan_partial(
         self, planned: PassPlan, access: Mapping[VSKey, Access], local: Container[IPAddress]

@@ -16,14 +16,14 @@ made:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from ipvsproxy.api import NodeView
+from ipvsproxy.api import NodeView, Ref
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.firewall_plan import HostFirewall, Observed
 from ipvsproxy.kernel import Kernel
-from ipvsproxy.model import IPAddress, IpvsState, VSKey
+from ipvsproxy.model import IPAddress, IpvsState, VSKey, part_of
 from ipvsproxy.proxier.desired_step import DesiredStep
 from ipvsproxy.proxier.firewall_step import FirewallStep, Written
 from ipvsproxy.proxier.ipvs_step import IpvsStep, KnownTable
@@ -126,6 +126,36 @@ class Proxier:
     def sync(self, changes: Changes, *, full: bool) -> PassResult:
         """One pass: `plan_from()` the changes, then `apply()` the plan."""
         return self.apply(self.plan_from(changes, full=full))
+
+    def plan_first(self, services: Iterable[Ref]) -> PassPlan | None:
+        """Before a node's first full pass: the pass of `services` alone (the API's own
+        Service, the cluster DNS: `--first-services`), so that a node joining a large cluster
+        talks to the API and resolves names within seconds, not after the whole table. It
+        plans against the kernel as observed now and adds or updates what they need, and
+        their firewall entries and the rules; it deletes nothing of anyone else's (a partial
+        pass). None when the kernel already serves them (a restart): nothing to put first.
+        The full pass comes next, as the first pass would."""
+        keys = self.index.keys_of(services)
+        if not keys:
+            return None
+        addresses = {k.address for k in keys}
+        names, access = self.index.names(keys), self.index.access_of(keys)
+        whole = self.kernel.observe(access=access)
+        ipvs = self.ipvs.plan(
+            self.index.state_for(keys, addresses),
+            names,
+            part_of(whole.services, whole.dests, whole.bound, keys, addresses),
+            whole=False,
+            ownership=self.ownership,
+            windows=self.index.slow_start,
+        )
+        if not ipvs.plan:
+            return None
+        planned = PassPlan(False, ipvs, names, keys=frozenset(keys), access=access)
+        if self.firewall_step is None or self.node is None:
+            return planned
+        pods = tuple(self.node.pod_cidrs)
+        return self.firewall_step.plan_first(planned, access, self.index.local, pods)
 
     def _plan_full(self) -> PassPlan:
         """Everything against the kernel as observed now."""

@@ -154,6 +154,15 @@ class DesiredIndex:
         """The desired state of these virtual servers and addresses only."""
         return part_of(self.services, self.dests, self._binders, keys, addresses)
 
+    def keys_of(self, refs: Iterable[Ref]) -> set[VSKey]:
+        """The desired virtual servers of these Services (those they win)."""
+        keys: set[VSKey] = set()
+        for ref in refs:
+            found = self._contributions.get(ref)
+            if found is not None:
+                keys.update(k for k in found.entries if self._claims.get(k, [None])[0] == ref)
+        return keys
+
     def names(self, keys: Iterable[VSKey]) -> dict[VSKey, str]:
         return {k: e.origin for k in keys if (e := self._winners.get(k)) is not None}
 

@@ -26,7 +26,7 @@ from ipvsproxy.firewall.nft_firewall import (
 )
 from ipvsproxy.firewall.rules import render
 from ipvsproxy.firewall.sets import NFT_NAMES, SetState, all_sets, nft_element
-from ipvsproxy.policy import LocalMode, NodePolicy
+from ipvsproxy.policy import Frontend, LocalMode, NodePolicy
 
 # ---- the rules, rule for rule ----------------------------------------------------------
 
@@ -428,3 +428,32 @@ def test_after_its_first_write_alone_the_whole_table_is_known_without_reading_it
     firewall.apply(firewall.plan(wanted, firewall.observe()))
     assert not firewall.plan(wanted)  # rules and sets as written: nothing left to do
     assert lists(commands) == 1  # the one reading before the table existed
+
+
+def test_the_first_services_pass_adds_their_entries_and_the_rules_and_deletes_nothing() -> None:
+    """Proxier.plan_first's firewall part: on a table that holds other entries (a node whose
+    first sync was cut short), only additions; the full pass that follows does the rest."""
+    from ipvsproxy.config import Config
+    from ipvsproxy.model import IpvsState, Proto, RealServer, RSKey, VirtualServer, VSKey
+    from ipvsproxy.proxier.firewall_step import FirewallStep
+    from ipvsproxy.proxier.pass_plan import PassPlan
+    from ipvsproxy.sync.desired import Access
+    from ipvsproxy.sync.ipvs_pass import IpvsPlan
+
+    sets = {"IPVSPROXY-CLUSTER-IP": [{"concat": ["10.96.5.5", "tcp", 80]}]}
+    old = NodePolicy(masquerade_bit=13)  # rules of another setting: rewritten
+    firewall = NftFirewall(commands=FakeCommands(table_json(old, sets)))  # type: ignore[arg-type]
+    key = VSKey(IPv4Address("10.96.0.1"), 443, Proto.TCP)
+    rs = RealServer(RSKey(IPv4Address("192.168.0.1"), 6443))
+    state = IpvsState({key: VirtualServer(key)}, {key: {rs.key: rs}}, frozenset({key.address}))
+    planned = PassPlan(False, IpvsPlan((), state, IpvsState()), {key: "default/kubernetes:https"})
+    step = FirewallStep(firewall, Config(node_name="node-a"), clock=lambda: 0.0)
+    access = {key: Access(Frontend.CLUSTER_IP)}
+    plan = step.plan_first(planned, access, frozenset(), ()).firewall
+    assert plan is not None
+    assert not any(change.delete for change in plan.sets)
+    assert plan.stale_sets == ()
+    added = {(c.name, e) for c in plan.sets for e in c.add}
+    assert ("IPVSPROXY-SERVICE-PORTS", "10.96.0.1,tcp:443") in added
+    assert ("IPVSPROXY-VIPS", "10.96.0.1") in added
+    assert any(line.startswith("flush chain") for line in plan.script)  # the rules, too
