@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from ipvsproxy.agent_loop import DRAIN_POLL
 from ipvsproxy.errors import ConfigError, KernelError
 from ipvsproxy.manifest_source import ManifestSource
 from ipvsproxy.metrics import Metrics
-from ipvsproxy.model import AddService
+from ipvsproxy.model import AddService, Op
 from ipvsproxy.serve import Health, HttpServer, parse_bind_address
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, TRIGGER_TIME, Tracker
 from tests.factories import ep, port, service, slice_
@@ -404,7 +405,7 @@ def test_the_other_firewall_goes_once_after_the_first_full_pass_that_wrote_the_r
     assert retired == [1]
 
 
-def first_services_cluster(count: int) -> list[dict]:
+def first_services_cluster(count: int) -> list[dict[str, Any]]:
     """The API's Service and the cluster DNS (served first by default), and `count` others."""
     objects = [
         service("kubernetes", cluster_ips=("10.96.0.1",), ports=[port("https", 443, "TCP", 6443)]),
@@ -422,8 +423,8 @@ def first_services_cluster(count: int) -> list[dict]:
     return objects
 
 
-def recorded_applies(agent: Agent) -> list[list]:
-    calls: list[list] = []
+def recorded_applies(agent: Agent) -> list[list[Op]]:
+    calls: list[list[Op]] = []
     apply = agent.kernel.apply
 
     def recording(plan, **kwargs):

@@ -1,10 +1,11 @@
 """plan(desired, observed) -> the minimal ordered operations that make observed desired (pure).
 
-Order: bind addresses -> add/update services -> add/update destinations -> delete
+Order: add/update services -> add/update destinations -> bind addresses -> delete
 destinations -> delete services -> unbind addresses. Things are created before use and
-removed after nothing uses them. A changed scheduler, flag, timeout or weight is an update
-in place (the kernel's SET commands), never delete+add: deleted destinations sit on the
-kernel's trash list and re-adding is slow and resets connections. Only owned virtual servers
+removed after nothing uses them; a VIP is bound only once what serves it is in place. A
+changed scheduler, flag, timeout or weight is an update in place (the kernel's SET
+commands), never delete+add: deleted destinations sit on the kernel's trash list and
+re-adding is slow and resets connections. Only owned virtual servers
 (see ownership.py) are ever updated or deleted; deleting a service takes its destinations
 with it, so those are not deleted one by one.
 
@@ -71,8 +72,10 @@ def plan(
             services.append(UpdateService(vs))
         _dest_changes(key, desired.dests[key], observed.dests.get(key, {}), upserts, removals)
     deletes: list[Op] = [DeleteService(key) for key in doomed]
-    # Built phase by phase, so no sort is needed: the order is the contract.
-    return (*binds, *services, *upserts, *removals, *deletes, *unbinds)
+    # Built phase by phase, so no sort is needed: the order is the contract. A VIP is bound
+    # once its virtual servers and their destinations are in: bound earlier, a connection to
+    # it would meet the node's own stack (refused) instead of its Service.
+    return (*services, *upserts, *binds, *removals, *deletes, *unbinds)
 
 
 def _dest_changes(

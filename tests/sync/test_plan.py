@@ -39,16 +39,18 @@ def rs(addr="10.244.1.1", weight=1, forward=Forward.MASQ) -> RealServer:
     return RealServer(RSKey(ip_address(addr), 8080), weight, forward)
 
 
-def test_from_empty_binds_then_adds_services_then_destinations():
+def test_from_empty_adds_services_then_destinations_then_binds():
+    """A VIP is bound once what serves it is in: bound earlier, a connection to it would
+    meet the node's own stack (refused) instead of the Service."""
     a, b = vs("10.96.0.10"), vs("10.96.0.11")
     desired = state_of({a: [rs("10.244.1.1")], b: []}, frozenset({a.key.address, b.key.address}))
     ops = plan(desired, IpvsState(), ownership=OWN)
     assert ops == (
-        BindAddress(a.key.address),
-        BindAddress(b.key.address),
         AddService(a),
         AddService(b),
         AddDest(a.key, rs("10.244.1.1")),
+        BindAddress(a.key.address),
+        BindAddress(b.key.address),
     )
 
 
