@@ -1,5 +1,6 @@
 """Dataplane parity in the real kernel, with real traffic, through the
-real console script (`run --once --manifests`) with its firewall rules:
+real console script (`run --once --manifests`) with its firewall rules (nftables, on a PATH
+without the iptables tools, ipset or ipvsadm):
 
 - an externalIP that is one of the node's own addresses is served, but not bound to the dummy
   device and not fenced: the node's other ports (SSH, the kubelet) stay reachable on it;
@@ -10,6 +11,7 @@ real console script (`run --once --manifests`) with its firewall rules:
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from integration.host import clean_ipvs
-from integration.lab import PORT, Lab, agent_command, connect, request
+from integration.lab import IPTABLES_TOOLS, PORT, Lab, agent_command, connect, path_without, request
 from tests.factories import ep, node, port, service, slice_
 
 pytestmark = pytest.mark.vm
@@ -75,10 +77,11 @@ def test_node_address_external_ip_and_local_policy_without_local_endpoints(tmp_p
         manifests = tmp_path / "m"
         manifests.mkdir()
         (manifests / "all.json").write_text(json.dumps({"kind": "List", "items": objects}))
+        no_iptables = path_without(tmp_path, prefixes=IPTABLES_TOOLS)  # nftables firewall
         ran = subprocess.run(
             agent_command("--once", "--manifests", str(manifests), min_sync_period=None,
                           health=None, metrics=None),
-            capture_output=True, text=True, check=False,
+            capture_output=True, text=True, check=False, env={**os.environ, "PATH": no_iptables},
         )  # fmt: skip
         assert ran.returncode == 0, ran.stderr[-3000:]
         # item 2: served on the node's address, not bound, the node's own port reachable
