@@ -138,6 +138,10 @@ def test_the_image_runs_as_the_daemonset_runs_it(image: str) -> None:
         assert web == {"10.244.1.2", "10.244.1.3", "10.244.1.4"}, logs()
         assert {names[request(client, EXAMPLE_NODE_ADDRESS, 30080)]} == {"10.244.1.3"}
         assert names[udp_request(client, "10.96.0.53", 53)] in {"10.244.1.2", "10.244.2.5"}
+        # --firewall auto: the image's libnftables takes the table (no iptables rule written)
+        table = subprocess.run(["nft", "list", "table", "inet", "ipvsproxy"],
+                               capture_output=True, text=True)  # fmt: skip
+        assert "10.96.0.10 . tcp . 80" in table.stdout, table.stderr + logs()
 
         # the container is what the DaemonSet says: read-only, no capability beyond its two
         inspect = json.loads(podman("inspect", agent["name"]).stdout)[0]
