@@ -439,9 +439,13 @@ class Node:
         # agent.build_proxier): sockets opened in the node's namespace, tools run in it
         self._opened = contextlib.ExitStack()
         prefix: tuple[str, ...] = ("ip", "netns", "exec", self.ns)
-        if firewall == "nftables":  # as on a node without the iptables tools at all
+        if firewall == "nftables":
+            # as the agent runs: libnftables and the generation number opened in the node's
+            # namespace (the thread is in it below) and bound to it; the tools run in the
+            # namespace of the thread that calls them (sync() enters it), with a PATH
+            # without the iptables tools, ipset or ipvsadm
             tools = Path(self._opened.enter_context(tempfile.TemporaryDirectory()))
-            prefix += ("env", f"PATH={path_without(tools, prefixes=IPTABLES_TOOLS)}")
+            prefix = ("env", f"PATH={path_without(tools, prefixes=IPTABLES_TOOLS)}")
         commands = Commands(prefix=prefix)
         with inside(self.ns):
             self.backend = self._opened.enter_context(open_backend(self.config, commands=commands))

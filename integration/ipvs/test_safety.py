@@ -76,10 +76,11 @@ def test_with_every_tool_the_same_run_starts(clean, tmp_path):
     assert removed.returncode == 0, removed.stderr
 
 
-@pytest.mark.parametrize("choice", ["nftables", "auto"])
-def test_a_node_without_iptables_ipset_or_ipvsadm_runs_with_nftables(clean, tmp_path, choice):
-    path = path_without(tmp_path, prefixes=IPTABLES_TOOLS)
-    done = run(tmp_path, path, "--firewall", choice)
+def test_a_node_without_iptables_ipset_ipvsadm_or_nft_runs_with_nftables(clean, tmp_path):
+    """auto takes nftables, spoken to through libnftables (the nftables package's library):
+    no iptables tool, no ipset, no ipvsadm, not even the `nft` program on the PATH."""
+    path = path_without(tmp_path, "nft", prefixes=IPTABLES_TOOLS)
+    done = run(tmp_path, path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "firewall rules: nftables, table inet ipvsproxy" in done.stderr
     assert "0A600028:0050" in ipvs_table()
@@ -92,14 +93,3 @@ def test_a_node_without_iptables_ipset_or_ipvsadm_runs_with_nftables(clean, tmp_
     assert removed.returncode == 0, removed.stderr
     gone = subprocess.run(["nft", "list", "table", "inet", "ipvsproxy"], capture_output=True)
     assert gone.returncode != 0
-
-
-def test_without_the_nft_tool_nftables_is_spoken_to_through_its_library(clean, tmp_path):
-    """libnftables (the nftables package's library) is what the agent uses where it loads;
-    the `nft` program is only its stand-in elsewhere."""
-    path = path_without(tmp_path, "nft", prefixes=IPTABLES_TOOLS)
-    done = run(tmp_path, path, "--firewall", "nftables")
-    assert done.returncode == 0, done.stdout + done.stderr
-    listed = subprocess.run(["nft", "list", "table", "inet", "ipvsproxy"], capture_output=True,
-                            text=True, check=True).stdout  # fmt: skip
-    assert "10.96.0.40 . tcp . 80" in listed

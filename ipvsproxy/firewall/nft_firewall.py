@@ -285,11 +285,11 @@ class NftFirewall:
     options: NodePolicy = field(default_factory=NodePolicy)
     commands: Commands = field(default_factory=Commands)
     versions: tuple[int, ...] = (4, 6)  # one inet table: both, always
-    # nf_tables' generation counter, opened by check() where the tool runs in this process's
-    # network namespace (no `commands.prefix`)
+    # nf_tables' generation counter, opened by check() where the tools run in this thread's
+    # network namespace (`commands.here`), in that namespace
     generation: RulesetGeneration | None = None
-    # how nftables is spoken to: check() opens libnftables where it works in this process's
-    # namespace (no `commands.prefix`), else the `nft` tool through `commands`
+    # how nftables is spoken to: check() opens libnftables where the tools run in this
+    # thread's namespace (`commands.here`; bound to it), else the `nft` tool via `commands`
     runner: NftRunner | None = None
     _known: tuple[int, Observed] | None = field(default=None, init=False, repr=False)
 
@@ -317,7 +317,7 @@ class NftFirewall:
         """KernelUnavailable when `nft` is missing or the kernel refuses the table (no
         nf_tables, no NAT for the inet family, no concatenated interval sets): the whole
         table is checked by the kernel in a transaction it does not commit (`nft -c`)."""
-        if self.runner is None and not self.commands.prefix:
+        if self.runner is None and self.commands.here:
             self.runner = Libnftables.open()
         missing = self.missing_tools()
         if missing:
@@ -330,7 +330,7 @@ class NftFirewall:
             self.nft.run(_script(skeleton), check=True)
         except KernelError as exc:
             raise KernelUnavailable(f"nftables refused ipvsproxy's table: {exc}") from exc
-        if self.generation is None and not self.commands.prefix:
+        if self.generation is None and self.commands.here:
             self.generation = RulesetGeneration.open()
 
     def observe(self) -> Observed:

@@ -22,6 +22,12 @@ class Commands:
     prefix: tuple[str, ...] = ()
     timeout: float = 60.0
 
+    @property
+    def here(self) -> bool:
+        """Whether the tools run in this thread's network namespace (no `ip netns exec`
+        in the prefix; an `env` that sets their PATH, say, leaves them here)."""
+        return self.prefix[:3] != ("ip", "netns", "exec")
+
     def run(self, args: Sequence[str], *, stdin: str | None = None) -> str:
         argv = [*self.prefix, *args]
         try:
