@@ -472,3 +472,16 @@ def test_no_first_services_no_pass_of_their_own():
     agent.feed(*first_services_cluster(2))
     agent.sync()
     assert len(calls) == 1
+
+
+def test_a_restart_reads_the_kernel_once_for_the_first_services_and_the_full_pass():
+    """Where the first Services are served already, the full pass plans against the table
+    their check read (no second dump of a large table)."""
+    agent = Agent()
+    agent.feed(*first_services_cluster(3))
+    agent.sync()
+    again = Agent(kernel=agent.kernel)
+    before = agent.kernel.observations
+    again.feed(*first_services_cluster(3))
+    again.sync()
+    assert agent.kernel.observations == before + 1

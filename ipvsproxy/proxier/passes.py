@@ -62,6 +62,9 @@ class Proxier:
     _ownership: Ownership | None = None
     # made by ipvsproxy, as the kernel's record said at the last full observation
     _recorded: frozenset[VSKey] = frozenset()
+    # the kernel as plan_first() read it, when it then changed nothing: the full pass that
+    # follows plans against it rather than reading the whole table again (a restart)
+    _unchanged: IpvsState | None = None
 
     def __post_init__(self) -> None:
         self.desired = DesiredStep(self.config, self.node_addresses)
@@ -150,6 +153,7 @@ class Proxier:
             windows=self.index.slow_start,
         )
         if not ipvs.plan:
+            self._unchanged = whole if not self.kernel.owns_table else None
             return None
         planned = PassPlan(False, ipvs, names, keys=frozenset(keys), access=access)
         if self.firewall_step is None or self.node is None:
@@ -159,8 +163,10 @@ class Proxier:
 
     def _plan_full(self) -> PassPlan:
         """Everything against the kernel as observed now."""
+        observed, self._unchanged = self._unchanged, None  # only for the pass right after it
         desired = self.index.desired()
-        observed = self.kernel.observe(access=desired.access)
+        if observed is None:
+            observed = self.kernel.observe(access=desired.access)
         repairs = self.kernel.damage()
         step, seen, error = self.firewall_step, None, ""
         if step is not None and self.node is not None:
