@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -91,22 +93,31 @@ def agent_command(
 IPTABLES_TOOLS = ("iptables", "ip6tables", "ipset", "ipvsadm", "xtables", "ebtables", "arptables")
 
 
-def path_without(directory: Path, *tools: str, prefixes: Sequence[str] = ()) -> str:
-    """A PATH of one new directory under `directory` linking every program on this PATH
-    except `tools` and those whose name starts with one of `prefixes`: a node whose image
-    lacks them."""
-    bin_ = directory / "bin"
-    bin_.mkdir(parents=True)
-    for where in reversed(os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":")):
+def path_without(*tools: str, prefixes: Sequence[str] = ()) -> str:
+    """A PATH of one directory linking every program on this PATH except `tools` and those
+    whose name starts with one of `prefixes`: a node whose image lacks them. Made once per
+    PATH and exclusion, under the temporary directory (the symlinks of every program on the
+    PATH take seconds under the VM's emulation), and kept."""
+    path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    key = hashlib.sha256(repr((path, sorted(tools), sorted(prefixes))).encode()).hexdigest()[:12]
+    bin_ = Path(tempfile.gettempdir()) / f"ipvsproxy-path-{key}"
+    if bin_.is_dir():
+        return str(bin_)
+    making = Path(tempfile.mkdtemp(prefix=f"{bin_.name}-"))
+    for where in reversed(path.split(":")):
         if not Path(where).is_dir():
             continue
         for program in Path(where).iterdir():
             if program.name in tools or program.name.startswith(tuple(prefixes)):
                 continue
-            link = bin_ / program.name
+            link = making / program.name
             if link.is_symlink():
                 link.unlink()
             link.symlink_to(program)
+    try:
+        making.rename(bin_)  # whole or not at all, whoever made it first
+    except OSError:
+        shutil.rmtree(making, ignore_errors=True)
     return str(bin_)
 
 
@@ -444,8 +455,7 @@ class Node:
             # namespace (the thread is in it below) and bound to it; the tools run in the
             # namespace of the thread that calls them (sync() enters it), with a PATH
             # without the iptables tools, ipset or ipvsadm
-            tools = Path(self._opened.enter_context(tempfile.TemporaryDirectory()))
-            prefix = ("env", f"PATH={path_without(tools, prefixes=IPTABLES_TOOLS)}")
+            prefix = ("env", f"PATH={path_without(prefixes=IPTABLES_TOOLS)}")
         commands = Commands(prefix=prefix)
         with inside(self.ns):
             self.backend = self._opened.enter_context(open_backend(self.config, commands=commands))

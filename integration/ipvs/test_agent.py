@@ -81,10 +81,7 @@ class Agent:
         LOGS.append(log)
         self.proc: subprocess.Popen[bytes] | None = None
         # as on a node with no iptables tool, no ipset, no ipvsadm: its firewall in nftables
-        tools = log.with_suffix(".tools")
-        self.path = str(tools / "bin") if tools.exists() else path_without(
-            tools, prefixes=IPTABLES_TOOLS
-        )  # fmt: skip
+        self.path = path_without(prefixes=IPTABLES_TOOLS)
 
     def start(self) -> Agent:
         with self.log.open("ab") as out:

@@ -77,7 +77,7 @@ def test_node_address_external_ip_and_local_policy_without_local_endpoints(tmp_p
         manifests = tmp_path / "m"
         manifests.mkdir()
         (manifests / "all.json").write_text(json.dumps({"kind": "List", "items": objects}))
-        no_iptables = path_without(tmp_path, prefixes=IPTABLES_TOOLS)  # nftables firewall
+        no_iptables = path_without(prefixes=IPTABLES_TOOLS)  # nftables firewall
         ran = subprocess.run(
             agent_command("--once", "--manifests", str(manifests), min_sync_period=None,
                           health=None, metrics=None),

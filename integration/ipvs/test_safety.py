@@ -44,7 +44,7 @@ def ipvs_table() -> str:
 @pytest.mark.parametrize("tool", ["iptables-restore", "iptables-save"])
 def test_a_missing_firewall_tool_refuses_the_start_naming_it(clean, tmp_path, tool):
     before = ipvs_table()
-    done = run(tmp_path, path_without(tmp_path, tool), "--firewall", "iptables")
+    done = run(tmp_path, path_without(tool), "--firewall", "iptables")
     assert done.returncode == 5, done.stdout + done.stderr
     assert f"{tool} not found on PATH" in done.stderr
     assert "--allow-no-firewall-rules" in done.stderr
@@ -56,7 +56,7 @@ def test_a_missing_firewall_tool_refuses_the_start_naming_it(clean, tmp_path, to
 
 
 def test_the_explicit_flag_runs_without_the_firewall_and_says_what_is_lost(clean, tmp_path):
-    done = run(tmp_path, path_without(tmp_path, "iptables-restore"), "--allow-no-firewall-rules",
+    done = run(tmp_path, path_without("iptables-restore"), "--allow-no-firewall-rules",
                "--firewall", "iptables")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "iptables-restore not found on PATH" in done.stderr
@@ -79,7 +79,7 @@ def test_with_every_tool_the_same_run_starts(clean, tmp_path):
 def test_a_node_without_iptables_ipset_ipvsadm_or_nft_runs_with_nftables(clean, tmp_path):
     """auto takes nftables, spoken to through libnftables (the nftables package's library):
     no iptables tool, no ipset, no ipvsadm, not even the `nft` program on the PATH."""
-    path = path_without(tmp_path, "nft", prefixes=IPTABLES_TOOLS)
+    path = path_without("nft", prefixes=IPTABLES_TOOLS)
     done = run(tmp_path, path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "firewall rules: nftables, table inet ipvsproxy" in done.stderr
