@@ -78,18 +78,27 @@ class NodePolicy:
         """`0x4000/0x4000`: the mark and mask that say "masquerade me"."""
         return f"{self.bit:#x}/{self.bit:#x}"
 
-    def outside(self, version: int) -> str | None:
-        """The iptables match for "not from a pod" (with a trailing space), or None when
-        this node cannot tell (no detection, or no CIDR of this IP family)."""
+    def pods(self, version: int) -> tuple[IPNetwork | None, str, bool] | None:
+        """What tells pod traffic of one IP family here: (its source CIDR, None, False), or
+        (None, the interface, whether it is a name prefix); None when this node cannot tell
+        (no detection, or no CIDR of this IP family). Both firewalls render their match
+        from it."""
         match self.local_mode:
             case LocalMode.CLUSTER_CIDR | LocalMode.NODE_CIDR:
                 nets = [n for n in self.local_cidrs if n.version == version]
-                return f"! -s {nets[0]} " if nets else None
-            case LocalMode.INTERFACE_NAME_PREFIX:
-                return f"! -i {self.interface}+ "
-            case LocalMode.BRIDGE_INTERFACE:
-                return f"! -i {self.interface} "
+                return (nets[0], "", False) if nets else None
+            case LocalMode.INTERFACE_NAME_PREFIX | LocalMode.BRIDGE_INTERFACE:
+                return None, self.interface, self.local_mode is LocalMode.INTERFACE_NAME_PREFIX
         return None
+
+    def outside(self, version: int) -> str | None:
+        """The iptables match for "not from a pod" (with a trailing space), or None when
+        this node cannot tell."""
+        pods = self.pods(version)
+        if pods is None:
+            return None
+        net, interface, prefix = pods
+        return f"! -s {net} " if net is not None else f"! -i {interface}{'+' if prefix else ''} "
 
     def cluster_ip_masquerade(self, version: int) -> str | None:
         """The match for the ClusterIP traffic to masquerade ("" = all of it), or None."""

@@ -78,7 +78,7 @@ from ipvsproxy.firewall.sets import (
 )
 from ipvsproxy.host.commands import Commands
 from ipvsproxy.iptables.generation import RulesetGeneration
-from ipvsproxy.policy import LocalMode, NodePolicy
+from ipvsproxy.policy import NodePolicy
 
 __all__ = ["TABLE", "Chain", "NftFirewall", "entry_of", "render_chains"]
 
@@ -206,16 +206,13 @@ def _outside_or_all(options: NodePolicy, version: int) -> str | None:
     traffic to masquerade, with a trailing space ("" = all of it), or None."""
     if options.masquerade_all:
         return ""
-    match options.local_mode:
-        case LocalMode.CLUSTER_CIDR | LocalMode.NODE_CIDR:
-            nets = [n for n in options.local_cidrs if n.version == version]
-            af = "ip" if version == 4 else "ip6"
-            return f"{af} saddr != {nets[0]} " if nets else None
-        case LocalMode.INTERFACE_NAME_PREFIX:
-            return f'iifname != "{options.interface}*" '
-        case LocalMode.BRIDGE_INTERFACE:
-            return f'iifname != "{options.interface}" '
-    return None
+    pods = options.pods(version)
+    if pods is None:
+        return None
+    net, interface, prefix = pods
+    if net is not None:
+        return f"{'ip' if version == 4 else 'ip6'} saddr != {net} "
+    return f'iifname != "{interface}{"*" if prefix else ""}" '
 
 
 def _commented(rules: Iterable[tuple[str, str]]) -> tuple[str, ...]:
