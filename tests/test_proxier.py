@@ -8,6 +8,7 @@ final objects wants; a partial pass runs at most one `ipset restore` (and no obs
 from __future__ import annotations
 
 import copy
+from ipaddress import ip_address
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +20,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.errors import KernelError
 from ipvsproxy.firewall.host_firewall import Firewall
 from ipvsproxy.firewall.sets import wanted
+from ipvsproxy.model import BindAddress
 from ipvsproxy.proxier import Proxier
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE, Tracker
 from ipvsproxy.testing import FakeKernel
@@ -132,13 +134,17 @@ class Ordered(FakeKernel):
         return super().observe(access=access)
 
     def apply(self, plan: Any, *, names: Any = None, access: Any = None) -> Any:
-        self.steps.append("ipvs wrote")
+        binds = {op.__class__ is BindAddress for op in plan}
+        self.steps.append({frozenset({True}): "ipvs bound"}.get(frozenset(binds), "ipvs wrote"))
+        if True in binds and binds != {True}:
+            self.steps.append("(binds with other operations)")
         return super().apply(plan, names=names, access=access)
 
 
-def test_a_pass_writes_ipvs_first_then_the_firewall():
-    """kube-proxy's order: the IPVS table, then the rules and sets; a partial pass reads
-    nothing."""
+def test_a_pass_writes_ipvs_then_the_firewall_then_binds_the_new_vips():
+    """kube-proxy's order (the IPVS table, then the rules and sets), but a new VIP is bound
+    last: it answers only once its virtual servers, destinations and firewall entries are
+    in place. A partial pass reads nothing; one that binds nothing writes IPVS once."""
     host = FakeHost()
     firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
     kernel = Ordered(firewall)
@@ -146,18 +152,53 @@ def test_a_pass_writes_ipvs_first_then_the_firewall():
     tracker = Tracker(node_name="node-a")
     feed(tracker, objects(3))
     result = proxier.sync(tracker.take(), full=True)
-    assert kernel.steps == ["ipvs read", "firewall read", "ipvs wrote", "firewall wrote"]
+    assert kernel.steps == [
+        "ipvs read",
+        "firewall read",
+        "ipvs wrote",
+        "firewall wrote",
+        "ipvs bound",
+    ]
     assert result.ok
     assert result.firewall_changes
     assert host.held() == host_wants(objects(3))
     assert len(kernel.state.services) == 3
+    assert len(kernel.state.bound) == 3
+    assert sum(isinstance(op, BindAddress) for op in result.sync.plan) == 3  # all reported
 
     kernel.steps = []
     feed(tracker, objects(4))
     result = proxier.sync(tracker.take(), full=False)
-    assert kernel.steps == ["ipvs wrote", "firewall wrote"]
+    assert kernel.steps == ["ipvs wrote", "firewall wrote", "ipvs bound"]
     assert result.ok
     assert host.held() == host_wants(objects(4))
+
+    kernel.steps = []
+    feed(tracker, objects(3))  # one gone: its VIP unbound after its virtual server
+    result = proxier.sync(tracker.take(), full=False)
+    assert kernel.steps == ["ipvs wrote", "firewall wrote"]
+    assert result.ok
+    assert len(kernel.state.bound) == 3
+
+
+def test_a_bind_the_kernel_refuses_is_reported_and_tried_again():
+    """The binds, applied on their own after the firewall, still count in the pass's
+    report: a refused one fails the pass and its address is looked at again."""
+    host = FakeHost()
+    firewall = Firewall(commands=host, versions=(4,))  # type: ignore[arg-type]
+    kernel = FakeKernel()
+    proxier = Proxier(kernel=kernel, config=CONFIG, firewall=firewall)
+    tracker = Tracker(node_name="node-a")
+    feed(tracker, objects(2))
+    kernel.errors = {BindAddress(ip_address("10.96.0.2")): KernelError("refused")}
+    result = proxier.sync(tracker.take(), full=True)
+    assert not result.ok
+    assert [f.op for f in result.sync.report.failures] == [BindAddress(ip_address("10.96.0.2"))]
+    assert proxier.ipvs.retry_addresses == {ip_address("10.96.0.2")}
+    assert kernel.state.bound == {ip_address("10.96.0.1")}
+    result = proxier.sync(tracker.take(), full=False)
+    assert result.ok
+    assert kernel.state.bound == {ip_address("10.96.0.1"), ip_address("10.96.0.2")}
 
 
 class RefusingHost(FailingHost):

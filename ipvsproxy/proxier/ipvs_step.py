@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ipvsproxy.config import Config
 from ipvsproxy.errors import AlreadyExists, NotFound, RestoreFailed
 from ipvsproxy.firewall.conntrack import udp_gone
-from ipvsproxy.kernel import Kernel
+from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import (
     AddDest,
     AddService,
@@ -176,22 +176,53 @@ class IpvsStep:
             manage_addresses=self.manage_addresses,
         )
 
-    def apply(self, planned: PassPlan, *, forget: bool) -> IpvsApplied:
+    def apply(
+        self,
+        planned: PassPlan,
+        *,
+        forget: bool,
+        before_binds: Callable[[ApplyReport, UdpFlows], object] | None = None,
+    ) -> IpvsApplied:
         """Carry out the IPVS part of `planned`; the table advanced by what the kernel took.
-        `forget`: name the UDP flows whose destination or virtual server went."""
+        `forget`: name the UDP flows whose destination or virtual server went.
+
+        `before_binds` (the firewall step) is called with what the kernel did and the UDP
+        flows gone once every operation but the binds is applied; the VIPs are bound after
+        it returns. So a new VIP answers only once its virtual servers, destinations and
+        firewall entries are all in place: bound earlier, a connection to it would meet
+        the node's own stack, or IPVS without its masquerade or port-filter rules."""
         ipvs = planned.ipvs
         if planned.full:
             self.table.seed(ipvs.observed)
             self.observed_once = True
+        binds: tuple[Op, ...] = ()
+        first = ipvs
+        if before_binds is not None:
+            binds = tuple(op for op in ipvs.plan if op.__class__ is BindAddress)
+            if binds:
+                rest = tuple(op for op in ipvs.plan if op.__class__ is not BindAddress)
+                first = replace(ipvs, plan=rest)
         result = apply_pass(
             self.kernel,
-            ipvs,
+            first,
             names=planned.names,
             access=planned.access,
             repair=bool(planned.repairs),
         )
         report = result.report
         failed = {failure.op for failure in report.failures}
+        gone = udp_gone(first.plan, failed, before=ipvs.observed) if forget else []
+        if before_binds is not None:
+            before_binds(report, gone)
+        if binds:
+            late = apply_pass(self.kernel, replace(ipvs, plan=binds), names=planned.names)
+            report = ApplyReport(
+                report.applied + late.report.applied,
+                (*report.failures, *late.report.failures),
+                (*report.refused, *late.report.refused),
+            )
+            result = replace(result, plan=ipvs.plan, report=report)
+            failed |= {failure.op for failure in late.report.failures}
         self.table.advance(_applied(ipvs.plan, failed))
         refused = self.refusals.record(report.failures, planned.names)
         _, self.retry_addresses = touched(failure.op for failure in report.failures)
@@ -211,7 +242,7 @@ class IpvsStep:
         }
         return IpvsApplied(
             result,
-            gone=udp_gone(ipvs.plan, failed, before=ipvs.observed) if forget else [],
+            gone=gone,
             deleted=frozenset(
                 op.key for op in ipvs.plan if isinstance(op, DeleteService) and op not in failed
             ),

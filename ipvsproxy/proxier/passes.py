@@ -9,8 +9,9 @@ made:
    the record of what ipvsproxy made (`_read_record`) and so who owns what (`ownership`);
 3. **plan**: the IPVS operations (`IpvsStep.plan`), then the firewall's sets and rules for
    the state those operations leave (`FirewallStep.plan_full` / `plan_partial`);
-4. **apply** (`apply`): the record of virtual servers about to be made first, then IPVS,
-   then the firewall's sets and rules, then the UDP flows to forget.
+4. **apply** (`apply`): the record of virtual servers about to be made first, then IPVS
+   but for the new VIPs' binds, then the firewall's sets and rules and the UDP flows to
+   forget, then the binds: a VIP answers once all that serves it is in place.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from dataclasses import dataclass, field, replace
 from ipvsproxy.api import NodeView, Ref
 from ipvsproxy.config import Config
 from ipvsproxy.firewall.firewall_plan import HostFirewall, Observed
-from ipvsproxy.kernel import Kernel
+from ipvsproxy.kernel import ApplyReport, Kernel
 from ipvsproxy.model import IPAddress, IpvsState, VSKey, part_of
 from ipvsproxy.proxier.desired_step import DesiredStep
 from ipvsproxy.proxier.firewall_step import FirewallStep, Written
 from ipvsproxy.proxier.ipvs_step import IpvsStep, KnownTable
-from ipvsproxy.proxier.pass_plan import PassPlan, PassResult
+from ipvsproxy.proxier.pass_plan import PassPlan, PassResult, UdpFlows
 from ipvsproxy.sync.desired_index import DesiredIndex
 from ipvsproxy.sync.drain import Drainer
 from ipvsproxy.sync.failures import Failing, Refusals
@@ -223,16 +224,22 @@ class Proxier:
             self._recorded, self._ownership = recorded, None
 
     def apply(self, planned: PassPlan) -> PassResult:
-        """Carry out a plan: IPVS first, then the firewall sets and rules, then conntrack."""
+        """Carry out a plan: IPVS first, then the firewall sets and rules and conntrack, then
+        the binds of new VIPs (`IpvsStep.apply`'s `before_binds`)."""
         step = self.firewall_step
-        if step is not None:
-            planned = step.records_first(planned)
-        done = self.ipvs.apply(planned, forget=step is not None)
+        written = Written(error=planned.firewall_error)
+        if step is None:
+            done = self.ipvs.apply(planned, forget=False)
+        else:
+            firewall_plan = step.records_first(planned)
+
+            def firewall(report: ApplyReport, gone: UdpFlows) -> None:
+                nonlocal written
+                written = step.apply(firewall_plan, report, gone)
+
+            done = self.ipvs.apply(firewall_plan, forget=True, before_binds=firewall)
         self.desired.known -= done.deleted
         self.desired.changed = set()
-        written = Written(error=planned.firewall_error)
-        if step is not None:
-            written = step.apply(planned, done.result.report, done.gone)
         if written.error:
             self.ipvs.observed_once = False  # the set index no longer knows the host
         return PassResult(
