@@ -70,6 +70,8 @@ POD_NETWORK = "10.128.0.0/9"  # node k's pods are in 10.(128+k).0.0/16
 TWO_PORTS_EVERY = 10  # service i with i % 10 == 3 also serves https (443 -> 8443)
 NODE_PORT_EVERY = 10  # service i with i % 10 == 5 is a NodePort (30000 + i // 10)
 NAMESPACES = 20
+SLICE_MAX = 100  # endpoints per EndpointSlice, as the EndpointSlice controller writes them
+API_VIP, DNS_VIP = "10.96.0.1", "10.96.0.10"  # critical_services(): below cluster_ip(0)
 
 RawObject = dict[str, Any]
 
@@ -112,7 +114,21 @@ def _meta(name: str, namespace: str | None, uid: int, manager: str, **extra: Any
     return meta
 
 
-def _service(i: int) -> RawObject:
+def load_balancer_ip(i: int) -> str:
+    return str(IPv4Address(0xAC100000 + i))  # 172.16.0.0 + i
+
+
+def is_load_balancer(i: int, every: int) -> bool:
+    return every > 0 and i % every == every // 3 and not is_node_port(i)
+
+
+def is_node_port(i: int) -> bool:
+    return i % NODE_PORT_EVERY == 5
+
+
+def _service(i: int, load_balancer_every: int = 0) -> RawObject:
+    """Service i: ClusterIP, one in NODE_PORT_EVERY a NodePort, one in `load_balancer_every`
+    (0: none) a LoadBalancer with an ingress IP (and its NodePorts)."""
     name, ns = f"svc-{i}", f"ns-{i % NAMESPACES}"
     ports: list[RawObject] = [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]
     if i % TWO_PORTS_EVERY == 3:
@@ -128,10 +144,17 @@ def _service(i: int) -> RawObject:
         "sessionAffinity": "None",
         "type": "ClusterIP",
     }
-    if i % NODE_PORT_EVERY == 5:
+    status: RawObject = {"loadBalancer": {}}
+    if is_node_port(i):
         spec.update(type="NodePort", externalTrafficPolicy="Cluster")
         for n, p in enumerate(ports):
             p["nodePort"] = 30000 + 2 * (i // NODE_PORT_EVERY) + n
+    elif is_load_balancer(i, load_balancer_every):
+        spec.update(type="LoadBalancer", externalTrafficPolicy="Cluster",
+                    allocateLoadBalancerNodePorts=True)  # fmt: skip
+        for n, p in enumerate(ports):  # above the NodePorts' numbers
+            p["nodePort"] = 40000 + 2 * (i // load_balancer_every) + n
+        status = {"loadBalancer": {"ingress": [{"ip": load_balancer_ip(i), "ipMode": "VIP"}]}}
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -139,18 +162,31 @@ def _service(i: int) -> RawObject:
             name, ns, 2 * i, "kube-controller-manager", labels={"app": name}, annotations={}
         ),
         "spec": spec,
-        "status": {"loadBalancer": {}},
+        "status": status,
     }
 
 
-def _slice(i: int, dests: int, first_pod: int) -> RawObject:
+def _slices(i: int, dests: int, first_pod: int) -> list[RawObject]:
+    """Service i's EndpointSlices: its `dests` endpoints, SLICE_MAX a slice (the last one
+    holds the rest), as the EndpointSlice controller writes them."""
+    out = []
+    for part, start in enumerate(range(0, max(dests, 1), SLICE_MAX)):
+        raw = _slice(i, min(SLICE_MAX, dests - start), first_pod + start, offset=start)
+        if part:
+            raw["metadata"]["name"] += f"-{part}"
+            raw["metadata"]["uid"] = raw["metadata"]["uid"][:-6] + f"{part:06x}"
+        out.append(raw)
+    return out
+
+
+def _slice(i: int, dests: int, first_pod: int, *, offset: int = 0) -> RawObject:
     name, ns = f"svc-{i}", f"ns-{i % NAMESPACES}"
     ports = [{"name": "http", "port": 8080, "protocol": "TCP"}]
     if i % TWO_PORTS_EVERY == 3:
         ports.append({"name": "https", "port": 8443, "protocol": "TCP"})
     endpoints = []
-    for j in range(dests):
-        g = first_pod + j
+    for j in range(offset, offset + dests):
+        g = first_pod + j - offset
         endpoints.append(
             {
                 "addresses": [pod_ip(g)],
@@ -211,20 +247,63 @@ def cluster_node(k: int) -> RawObject:
     }
 
 
-def cluster(services: int, dests: int) -> list[RawObject]:
-    """Nodes, Services and EndpointSlices of a cluster: `services` Services with one slice of
-    `dests` ready endpoints each, spread over NODES nodes (BENCH_NODE among them); one in ten
-    Services has a second port and one in ten is a NodePort."""
+def cluster(services: int, dests: int, *, load_balancer_every: int = 0) -> list[RawObject]:
+    """Nodes, Services and EndpointSlices of a cluster: `services` Services with `dests` ready
+    endpoints each (slices of at most SLICE_MAX), spread over NODES nodes (BENCH_NODE among
+    them); one in ten Services has a second port, one in ten is a NodePort, and one in
+    `load_balancer_every` (0: none) a LoadBalancer."""
     objects = [cluster_node(k) for k in range(NODES)]
     for i in range(services):
-        objects.append(_service(i))
-        objects.append(_slice(i, dests, i * dests))
+        objects.append(_service(i, load_balancer_every))
+        objects += _slices(i, dests, i * dests)
     return objects
 
 
-def expected_counts(services: int, dests: int) -> tuple[int, int]:
-    """(virtual servers, real servers) that `cluster(services, dests)` translates to."""
-    two_ports = sum(1 for i in range(services) if i % TWO_PORTS_EVERY == 3)
-    node_ports = sum(1 for i in range(services) if i % NODE_PORT_EVERY == 5)
-    vss = services + two_ports + node_ports  # one node address per NodePort
+def critical_services(api_address: str, api_port: int) -> list[RawObject]:
+    """The two Services a node needs first (`--first-services`' default): `default/kubernetes`
+    (API_VIP:443 -> the API server at api_address:api_port, a slice without selector, as the
+    API server writes it) and `kube-system/kube-dns` (DNS_VIP: 53/UDP, 53/TCP, 9153/TCP ->
+    two CoreDNS pods)."""
+    api = {"name": "https", "port": 443, "protocol": "TCP", "targetPort": api_port}
+    kubernetes = _service(0)
+    kubernetes["metadata"].update(name="kubernetes", namespace="default", labels={}, uid="api")
+    kubernetes["spec"].update(clusterIP=API_VIP, clusterIPs=[API_VIP], ports=[api])
+    del kubernetes["spec"]["selector"]
+    dns_ports = [("dns", 53, "UDP"), ("dns-tcp", 53, "TCP"), ("metrics", 9153, "TCP")]
+    dns = _service(0)
+    dns["metadata"].update(name="kube-dns", namespace="kube-system", labels={}, uid="dns")
+    dns["spec"].update(
+        clusterIP=DNS_VIP,
+        clusterIPs=[DNS_VIP],
+        selector={"k8s-app": "kube-dns"},
+        ports=[{"name": n, "port": p, "protocol": t, "targetPort": p} for n, p, t in dns_ports],
+    )
+    out = [kubernetes, dns]
+    for svc, ns, ports, addresses in (
+        ("kubernetes", "default", [("https", api_port, "TCP")], [api_address]),
+        ("kube-dns", "kube-system", dns_ports, ["10.128.255.10", "10.129.255.10"]),
+    ):
+        raw = _slice(0, 0, 0)
+        raw["metadata"].update(
+            name=svc if svc == "kubernetes" else f"{svc}-00000", namespace=ns, uid=f"{svc}-slice"
+        )
+        raw["metadata"]["labels"]["kubernetes.io/service-name"] = svc
+        raw["metadata"].pop("ownerReferences")
+        raw["ports"] = [{"name": n, "port": p, "protocol": t} for n, p, t in ports]
+        raw["endpoints"] = [
+            {"addresses": [a], "conditions": {"ready": True, "serving": True, "terminating": False}}
+            for a in addresses
+        ]
+        out.append(raw)
+    return out
+
+
+def expected_counts(services: int, dests: int, load_balancer_every: int = 0) -> tuple[int, int]:
+    """(virtual servers, real servers) that `cluster(services, dests, ...)` translates to."""
+    vss = 0
+    for i in range(services):
+        ports = 2 if i % TWO_PORTS_EVERY == 3 else 1
+        # the ClusterIP; a NodePort's on the one node address; a LoadBalancer's also its ingress
+        kinds = 1 + is_node_port(i) + 2 * is_load_balancer(i, load_balancer_every)
+        vss += ports * kinds
     return vss, vss * dests

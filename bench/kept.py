@@ -103,7 +103,7 @@ def pages(kind: str, count: int, dests: int) -> Iterator[list[dict[str, Any]]]:
     page alive at a time."""
     make: Callable[[int], dict[str, Any]] = {
         NODE: cluster_node,
-        SERVICE: _service,
+        SERVICE: lambda i: _service(i),
         SLICE: lambda i: _slice(i, dests, i * dests),
     }[kind]
     for first in range(0, count, 500):

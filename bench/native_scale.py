@@ -17,6 +17,7 @@ with the cluster. Prints a table. A generated cluster (bench/common.py `cluster(
                                    table equals a from-scratch translation; RSS drift
 
     python bench/native_scale.py [--services 10000] [--dests 10] [--soak 300 --rate 100]
+                                 [--load-balancer-every 20]
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def main() -> None:
     parser.add_argument("--dests", type=int, default=10)
     parser.add_argument("--soak", type=float, default=300.0, help="seconds (0: no soak)")
     parser.add_argument("--rate", type=int, default=100, help="changes per second in the soak")
+    parser.add_argument(
+        "--load-balancer-every", type=int, default=0,
+        help="one Service in N a LoadBalancer with an ingress IP (0: none)",
+    )  # fmt: skip
     args = parser.parse_args()
     rows: list[tuple[str, str]] = []
     base = rss_mib()
@@ -108,7 +113,7 @@ def main() -> None:
     # as the agent lists: raw objects arrive a page (500) at a time and are parsed at once
     generators: dict[str, Callable[[int], Any]] = {
         NODE: lambda k: cluster_node(k),
-        SERVICE: lambda i: _service(i),
+        SERVICE: lambda i: _service(i, args.load_balancer_every),
         SLICE: lambda i: _slice(i, args.dests, i * args.dests),
     }
     for kind, make in generators.items():
@@ -147,10 +152,16 @@ def main() -> None:
             f"{times[10] * 1000:.2f} ms, {sorted(sent)[10]} operations sent (max {max(sent)})",
         )
     )
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     result = proxier.sync(tracker.take(), full=True)
+    idle, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    share = 100 * cpu / CONFIG.sync_period
     rows.append(
-        ("idle full resync", f"{time.perf_counter() - t0:.2f} s, {len(result.sync.plan)} ops")
+        (
+            "idle full resync",
+            f"{idle:.2f} s, {cpu:.2f} s CPU ({share:.2f} % of a core per "
+            f"{CONFIG.sync_period:g} s sync period), {len(result.sync.plan)} ops",
+        )
     )
     # The pass's result holds its observation (a copy of the whole table): kept through the
     # soak, it would keep every replaced endpoint's old objects alive, which measured the

@@ -88,7 +88,9 @@ class ApiServer:
         token: str = "test-token",
         bookmark_interval: float = 1.0,
         max_watch_seconds: float = 1800.0,
+        host: str = "127.0.0.1",  # where it listens ("0.0.0.0": also behind a Service)
     ) -> None:
+        self.host = host
         self.token = token
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
@@ -112,7 +114,7 @@ class ApiServer:
     def start(self) -> ApiServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._cert.configure_cert(context)
-        server = _Server(("127.0.0.1", self.port), _handler(self))
+        server = _Server((self.host, self.port), _handler(self))
         server.socket = context.wrap_socket(
             server.socket, server_side=True, do_handshake_on_connect=False
         )

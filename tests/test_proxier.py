@@ -8,9 +8,9 @@ final objects wants; a partial pass runs at most one `ipset restore` (and no obs
 from __future__ import annotations
 
 import copy
-from ipaddress import ip_address
 from collections.abc import Iterator
 from contextlib import contextmanager
+from ipaddress import ip_address
 from typing import Any
 
 from hypothesis import given, settings
