@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from ipvsproxy.api import Ref
@@ -46,6 +46,26 @@ SAME_ERROR_LINES = 5  # failures of one pass with the same error named one by on
 # A full pass is due once a sync period has passed since the last one ended (the runner's
 # periodic run comes exactly then; the margin absorbs clock rounding).
 FULL_DUE = 0.99
+
+
+def split(changes: Changes, refs: Iterable[Ref]) -> tuple[Changes, Changes]:
+    """`changes` as two: those of the Services `refs`, and the others (each with the Node,
+    the warnings; the slices' trigger times go with the others)."""
+    first = set(refs).intersection(changes.services)
+    early = replace(
+        changes,
+        services={ref: changes.services[ref] for ref in first},
+        slices={ref: changes.slices[ref] for ref in first if ref in changes.slices},
+        trigger_times=(),
+    )
+    if not first:
+        return early, changes
+    rest = replace(
+        changes,
+        services={ref: svc for ref, svc in changes.services.items() if ref not in first},
+        slices={ref: found for ref, found in changes.slices.items() if ref not in first},
+    )
+    return early, rest
 
 
 def freeze_heap() -> None:
@@ -161,12 +181,12 @@ class AgentLoop:
         self._in_pass |= changes.services.keys()
         node = changes.node
         self._health.node_eligible(node.eligible if node else not self._node_required)
+        if not self._first_done:
+            self._first_done = True
+            changes = self._first_services(changes)
         self.proxier.feed(changes)
         self._warn(self.proxier.warnings)
         try:
-            if not self._first_done:
-                self._first_done = True
-                self._first_services()
             result = self.proxier.apply(self.proxier.plan(full=full))
         except KernelError as exc:
             self._pass_failed(f"sync failed: {exc}", traceback=False, started=started, full=full)
@@ -178,13 +198,25 @@ class AgentLoop:
             return
         self._completed(result, changes, started)
 
-    def _first_services(self) -> None:
+    def _first_services(self, changes: Changes) -> Changes:
         """Before the first full pass, the first Services alone (`--first-services`), when
-        the kernel does not serve them yet; the full pass follows at once. KernelError."""
-        first = self.proxier.plan_first(self._config.first_services)
-        if first is None:
-            return
-        result = self.proxier.apply(first)
+        the kernel does not serve them yet: translated, planned and applied before the other
+        Services are even translated (at 5,000 Services x 50 endpoints that translation
+        takes seconds). Returns the other changes, for the full pass that follows at once;
+        a failure here is a warning (the full pass writes them all the same)."""
+        early, rest = split(changes, self._config.first_services)
+        self.proxier.feed(early)
+        try:
+            first = self.proxier.plan_first(self._config.first_services)
+            if first is None:
+                return rest
+            result = self.proxier.apply(first)
+        except KernelError as exc:
+            log.warning("the first Services could not be served before the rest: %s", exc)
+            return rest
+        except Exception:  # noqa: BLE001 - the full pass still runs
+            log.exception("the first Services' pass failed with an unexpected error")
+            return rest
         names = sorted({name.rpartition(":")[0] or name for name in first.names.values()})
         failed = len(result.sync.report.failures)
         log.info(
@@ -193,6 +225,7 @@ class AgentLoop:
             ", ".join(names), len(result.sync.plan), failed, result.firewall_changes,
             f"; firewall rules: {result.firewall_error}" if result.firewall_error else "",
         )  # fmt: skip
+        return rest
 
     def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
         """A pass that completed: metrics, health, the log line, early retries."""

@@ -436,11 +436,21 @@ def recorded_applies(agent: Agent) -> list[list[Op]]:
 
 
 def test_the_first_services_are_served_by_a_pass_of_their_own_before_the_rest(caplog):
+    """...before the others are even translated (which takes seconds in a large cluster)."""
     agent = Agent()
     calls = recorded_applies(agent)
+    translated: list[int] = []  # the desired virtual servers when each pass applied
+    apply = agent.kernel.apply
+
+    def counting(plan, **kwargs):
+        translated.append(len(agent.sync.proxier.index))
+        return apply(plan, **kwargs)
+
+    agent.kernel.apply = counting  # type: ignore[method-assign]
     agent.feed(*first_services_cluster(20))
     with caplog.at_level("INFO", logger="ipvsproxy.sync"):
         agent.sync()
+    assert translated == [2, 22]
     first, rest = calls
     keys = {str(op.vs.key.address) for op in first if isinstance(op, AddService)}
     assert keys == {"10.96.0.1", "10.96.0.10"}  # the API's Service and the DNS, alone
