@@ -49,6 +49,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -154,7 +155,10 @@ class Results:
     notes: list[str] = field(default_factory=list)
 
     def add(self, *args: Any, **kwargs: Any) -> None:
-        self.rows.append(Row(*args, **kwargs))
+        """A row, also said at once (a run stopped before its table still shows it)."""
+        row = Row(*args, **kwargs)
+        self.rows.append(row)
+        say(f"row: {row.what}: {row.approach}: {row.seconds} ({row.note})")
 
     def problem(self, text: str) -> None:
         print(f"bench: PROBLEM: {text}", file=sys.stderr, flush=True)
@@ -522,7 +526,7 @@ def agent_rows(
         cmd = agent_command(
             "--kubeconfig", str(kubeconfig), netns=ns, node=BENCH_NODE, service_cidr=SERVICE_CIDR,
             min_sync_period=f"{args.min_sync_period}s", sync_period=args.sync_period,
-            health=None, metrics=None, more=(*NODE_FLAGS, "--log-format", "json", "--v", "2"),
+            health=None, metrics=None, more=(*NODE_FLAGS, "--log-format", "json", "--v", "4"),
         )  # fmt: skip
         kernel = ProcIpvs(ns)
         say("agent: starting")
@@ -544,9 +548,21 @@ def agent_rows(
             if probe is not None:
                 probe.stop()
             kernel.close()
+            keep_logs(work, args.keep_logs)
     for row in out.rows:  # the first sync as a ratio to the floor
         if row.approach.startswith("first complete"):
             row.base = floor
+
+
+def keep_logs(work: Path, into: Path | None) -> None:
+    """The agents' logs (JSON lines, timestamped: each step of a pass can be attributed),
+    copied out of the run's temporary directory."""
+    if into is None:
+        return
+    into.mkdir(parents=True, exist_ok=True)
+    for log_file in work.glob("agent*.log"):
+        shutil.copyfile(log_file, into / log_file.name)
+    say(f"agent logs kept in {into}")
 
 
 def stop_agent(proc: subprocess.Popen[bytes]) -> int:
@@ -876,6 +892,9 @@ def main() -> None:
         help="with default/kubernetes (-> the test API server) and kube-system/kube-dns: "
         "time until the API's VIP answers; parts `restart`: a restart on the complete table",
     )  # fmt: skip
+    parser.add_argument(
+        "--keep-logs", type=Path, help="copy the agents' logs (--v 4, JSON) into this directory"
+    )
     args = parser.parse_args()
     NODE_FLAGS.extend(("--firewall", args.firewall))
     if args.quick:

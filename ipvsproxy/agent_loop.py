@@ -120,6 +120,7 @@ class AgentLoop:
         self._full_asked = False
         self._frozen = False
         self._first_done = False  # the first Services' pass (Proxier.plan_first), tried once
+        self._steps: dict[str, float] = {}  # the pass's steps' seconds, for a debug line
         # when the pass runs: at most every --min-sync-period, at least every --sync-period,
         # soon after a change; one thread calls its `loop()`, others `request()` or `stop()`
         self.runner = Runner(
@@ -181,13 +182,19 @@ class AgentLoop:
         self._in_pass |= changes.services.keys()
         node = changes.node
         self._health.node_eligible(node.eligible if node else not self._node_required)
+        steps: dict[str, float] = {}
         if not self._first_done:
             self._first_done = True
             changes = self._first_services(changes)
+            steps["first Services"] = self._clock() - started
         self.proxier.feed(changes)
         self._warn(self.proxier.warnings)
+        fed = self._clock()
         try:
-            result = self.proxier.apply(self.proxier.plan(full=full))
+            planned = self.proxier.plan(full=full)
+            steps |= {"feed": fed - started - sum(steps.values()), "plan": self._clock() - fed}
+            self._steps = steps
+            result = self.proxier.apply(planned)
         except KernelError as exc:
             self._pass_failed(f"sync failed: {exc}", traceback=False, started=started, full=full)
             return
@@ -229,15 +236,19 @@ class AgentLoop:
 
     def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
         """A pass that completed: metrics, health, the log line, early retries."""
+        steps = self._steps
+        steps["apply"] = self._clock() - started - sum(steps.values())
         if result.full:
             self._metrics.families(self.proxier.desired.families())
             then = self._after_first_full
             if then is not None and not result.firewall_error:
                 self._after_first_full = None
                 then()
+                steps["retire other firewall"] = self._clock() - started - sum(steps.values())
             if not self._frozen:
                 freeze_heap()
                 self._frozen = True
+                steps["freeze heap"] = self._clock() - started - sum(steps.values())
         if result.stale:
             self.request_full()
         seconds = self._clock() - started
@@ -294,6 +305,9 @@ class AgentLoop:
         self.last = result
         now = self._wall_clock()
         self.snapshot = snapshot_of(self.proxier)
+        steps["after"] = self._clock() - started - sum(steps.values())
+        # --v 4: where a pass's time went (the sync line gives only its whole and the firewall's)
+        log.debug("pass steps: %s", ", ".join(f"{k} {v:.3f}s" for k, v in steps.items()))
         self.passes = replace(self.passes, **{"full" if result.full else "partial": now})
         self._in_pass = frozenset()
         if result.full:  # the period counts from its end, as the runner's does
