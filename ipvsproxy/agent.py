@@ -342,6 +342,18 @@ class Agent:
             required=(SERVICE, SLICE, NODE), on_change=self._changed, node_name=config.node_name
         )
         self._metrics.pending(self._tracker.pending)
+        # From an API server, the first Services (--first-services) are listed alone too,
+        # beside the whole lists: a node joining a large cluster serves the API's Service and
+        # the cluster DNS before its lists of Services and slices have arrived.
+        self._early = (
+            Tracker(
+                required=(SERVICE, SLICE, NODE),
+                on_change=self._early_listed,
+                node_name=config.node_name,
+            )  # fmt: skip
+            if isinstance(source, Cluster) and config.first_services
+            else None
+        )
         self._stack = ExitStack()
         # opened by start(): the pass once the backend is (read by other threads: set once)
         self._sync: AgentLoop | None = None
@@ -378,7 +390,7 @@ class Agent:
         # probe.
         stack.callback(_serve_health(config, self._health).close)
         start_sources, close_source, self._api_server = _open_source(
-            self.source, config, self._tracker, self._stopped, metrics
+            self.source, config, self._tracker, self._stopped, metrics, early=self._early
         )
         stack.callback(close_source)
         stack.callback(self._stopped.set)  # the watchers end with the agent, whatever stops it
@@ -413,6 +425,7 @@ class Agent:
             node_required=isinstance(self.source, Cluster),
             on_names=on_names,
             after_first_full=_retiring(backend),
+            early=self._early,
         )
         # a caller's `stop` (an embedding program, a test) ends the loop like a signal
         threading.Thread(target=self._stop_on_request, name="stop", daemon=True).start()
@@ -482,6 +495,11 @@ class Agent:
         self._metrics.queued()
         self._health.queued()
         if self._sync is not None:  # none yet while the source is opened: the first is due
+            self._sync.runner.request()
+
+    def _early_listed(self, kind: str) -> None:
+        """The first Services' own lists arrived (agent_loop: `early`): the pass woken."""
+        if self._sync is not None:  # none yet: the loop's first call finds them
             self._sync.runner.request()
 
     def _join_watchers(self) -> None:
@@ -595,6 +613,8 @@ def _open_source(
     tracker: Tracker,
     stop: threading.Event,
     metrics: Any,
+    *,
+    early: Tracker | None = None,
 ) -> tuple[
     Callable[[Callable[[IpvsproxyError | None], None]], list[threading.Thread]],
     Callable[[], None],
@@ -603,7 +623,9 @@ def _open_source(
     """Open the source, failing (ConfigError) on what retrying cannot fix: manifests that
     cannot be read, a kubeconfig (or in-cluster credentials) that cannot be loaded. Returns
     what starts its threads feeding the tracker (a fatal error in one halts the agent), what
-    closes it and the API server's URL (None for manifests)."""
+    closes it and the API server's URL (None for manifests). `early`: fed the first
+    Services' own lists (`kube.first_lists`) by a thread of its own; a failure there is a
+    warning (the whole lists serve them as well)."""
 
     def guarded(
         name: str, target: Callable[[], None], halt: Callable[[IpvsproxyError | None], None]
@@ -651,9 +673,25 @@ def _open_source(
     ]
 
     def start(halt: Callable[[IpvsproxyError | None], None]) -> list[threading.Thread]:
+        if early is not None:  # a few short requests; never joined (a daemon)
+            first = functools.partial(_list_first, client, config, early)
+            threading.Thread(target=first, name="first-services", daemon=True).start()
         return [guarded(f"watch-{w.kind}", w.run, halt) for w in watchers]
 
     return start, client.close, client.configuration.host
+
+
+def _list_first(client: Any, config: Config, early: Tracker) -> None:
+    """The first Services' own lists into `early` (kube.first_lists); a failure is a
+    warning: the whole lists serve them as well."""
+    from ipvsproxy import kube
+
+    try:
+        kube.first_lists(client, config.first_services, node_name=config.node_name, sink=early)
+    except IpvsproxyError as exc:
+        log.warning("the first Services could not be listed alone: %s", exc)
+    except Exception:  # noqa: BLE001 - a bug here must not stop the agent
+        log.exception("listing the first Services alone failed with an unexpected error")
 
 
 @contextmanager

@@ -91,8 +91,12 @@ class AgentLoop:
         wall_clock: Callable[[], float] = time.time,
         on_names: Callable[[Mapping[VSKey, str]], None] | None = None,
         after_first_full: Callable[[], object] | None = None,
+        early: Tracker | None = None,
     ) -> None:
         self.proxier = proxier
+        # the first Services' own lists (Agent: `kube.first_lists`), when they come before
+        # the whole lists: their pass runs on them at once (`_first_services`)
+        self._early = early
         # called once, after the first full pass whose firewall step was written
         self._after_first_full = after_first_full
         # for `status` (HTTP worker thread), replaced whole at the end of each completed pass:
@@ -164,6 +168,10 @@ class AgentLoop:
         """One pass; False when none could run (not every kind listed yet): the runner does
         not count it, and the pass after the lists comes at once."""
         if not self._ready():
+            if not self._first_done and self._early is not None and self._early.synced():
+                self._first_done = True  # before the whole lists: on the first Services' own
+                self.proxier.desired.refresh_host()
+                self._first_services(self._early.take(everything=True))
             return False
         self._pass()
         return True

@@ -55,6 +55,7 @@ import random
 import re
 import ssl
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ from typing import Any
 import tenacity
 import urllib3
 
-from ipvsproxy.api import Read, read
+from ipvsproxy.api import SERVICE_NAME_LABEL, Read, read
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ApiUnavailable, WatchError
 from ipvsproxy.kubeclient import ApiException, Deadline, Observe, client, unobserved
@@ -144,6 +145,7 @@ _QUERY = {
     "limit": "limit",
     "_continue": "continue",
     "field_selector": "fieldSelector",
+    "label_selector": "labelSelector",
     "watch": "watch",
     "resource_version": "resourceVersion",
     "allow_watch_bookmarks": "allowWatchBookmarks",
@@ -154,13 +156,22 @@ _QUERY = {
 MAX_ERROR_BYTES = 64 * 1024  # of an error's body (a Status object: a few hundred bytes)
 
 
-def _lister(api: Any, kind: str, node_name: str) -> Callable[..., Any]:
-    """GET one collection (list or watch): the undecoded urllib3 response, or ApiException."""
+def _lister(
+    api: Any, kind: str, node_name: str, scope: tuple[str, dict[str, str]] | None = None
+) -> Callable[..., Any]:
+    """GET one collection (list or watch): the undecoded urllib3 response, or ApiException.
+    `scope`: (namespace, selectors) of a smaller collection, for `first_lists`."""
     fixed = {"field_selector": f"metadata.name={node_name}"} if kind == NODE else {}
+    path = _PATHS[kind]
+    if scope is not None:
+        namespace, fixed = scope
+        if namespace:  # /api/v1/namespaces/NS/services
+            root, _, plural = path.rpartition("/")
+            path = f"{root}/namespaces/{urllib.parse.quote(namespace, safe='')}/{plural}"
 
     def get(*, _request_timeout: Any = None, **params: Any) -> Any:
         query = [(_QUERY[k], v) for k, v in {**fixed, **params}.items() if v is not None]
-        response = api.get(_PATHS[kind], query, timeout=_request_timeout)
+        response = api.get(path, query, timeout=_request_timeout)
         if not 200 <= response.status <= 299:
             try:
                 data = _read_body(response.response, MAX_ERROR_BYTES, cut=True)
@@ -187,11 +198,13 @@ class Watcher:
         stop: threading.Event,
         settings: Settings = Settings(),
         on_restart: Callable[[str, str], None] = lambda kind, reason: None,
+        scope: tuple[str, dict[str, str]] | None = None,
     ) -> None:
         self.kind = kind
         # the API server's URL, named by the errors (a test's fake client may have none)
         self.server = getattr(getattr(api, "configuration", None), "host", "") or "the API server"
-        self._list = _lister(api, kind, node_name)
+        self._list = _lister(api, kind, node_name, scope)
+        self._scoped = scope is not None
         self._sink = sink
         self._stop = stop
         self._settings = settings
@@ -269,7 +282,9 @@ class Watcher:
             if limit == PAGE
             else f" in pages of {limit} (over {_size(s.max_page_bytes)} at {PAGE})"
         )
-        log.info("listed %d %ss at resourceVersion %s%s", len(items), self.kind, version, smaller)
+        level = logging.DEBUG if self._scoped else logging.INFO  # scoped: a few objects
+        log.log(level, "listed %d %ss at resourceVersion %s%s", len(items), self.kind, version,
+                smaller)  # fmt: skip
         return version
 
     def _pages(self, s: Settings) -> tuple[list[Read], str, int]:
@@ -430,6 +445,46 @@ def list_once(
             raise ApiUnavailable(
                 f"cannot read {kind}s from {watcher.server}: {_one_line(exc)}"
             ) from exc
+
+
+def first_lists(
+    api: Any,
+    refs: Sequence[tuple[str, str]],
+    *,
+    node_name: str,
+    sink: Any,
+    settings: Settings | None = None,
+) -> None:
+    """The Services `refs` (namespace, name), their EndpointSlices and this node's Node,
+    listed alone (by field and label selector: a few small requests) into `sink`, one
+    complete list per kind: a node's first pass can serve them before the whole lists of a
+    large cluster have arrived (agent_loop's `early`). Raises as `list_once` does."""
+    settings = settings or DIFF
+    scopes: dict[str, list[tuple[str, dict[str, str]] | None]] = {
+        SERVICE: [(ns, {"field_selector": f"metadata.name={name}"}) for ns, name in refs],
+        SLICE: [(ns, {"label_selector": f"{SERVICE_NAME_LABEL}={name}"}) for ns, name in refs],
+        NODE: [None],
+    }
+    found: dict[str, list[Read]] = {}
+
+    class Collect:
+        def replace(self, kind: str, items: list[Read]) -> None:
+            found.setdefault(kind, []).extend(items)
+
+    for kind, kind_scopes in scopes.items():
+        for scope in kind_scopes:
+            watcher = Watcher(
+                kind, api=api, node_name=node_name, sink=Collect(), stop=threading.Event(),
+                settings=settings, scope=scope,
+            )  # fmt: skip
+            try:
+                watcher.list_all()
+            except (Transient, Gone) as exc:
+                raise ApiUnavailable(
+                    f"cannot read {kind}s from {watcher.server}: {_one_line(exc)}"
+                ) from exc
+    for kind in scopes:
+        sink.replace(kind, found.get(kind, []))
 
 
 def _read_body(response: Any, cap: int, *, cut: bool = False) -> bytearray:

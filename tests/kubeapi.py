@@ -4,13 +4,15 @@ Test code, not shipped. It serves Services, EndpointSlices (discovery.k8s.io/v1)
 the way kube-apiserver does (checked against ../shared/api-captures from v1.36.2):
 - HTTPS with a throw-away CA (trustme); bearer-token auth, 401 + Status for a wrong token;
 - lists: `XList` with `metadata.resourceVersion`, items without kind/apiVersion, `limit` and
-  `continue` pagination (400 BadRequest for a bad token), `fieldSelector=metadata.name=`;
+  `continue` pagination (400 BadRequest for a bad token), `fieldSelector=metadata.name=`,
+  namespaced collections, equality-based `labelSelector`;
 - watches (`watch=1`) from a resourceVersion: the events after it, then live events, as
   chunked line-delimited JSON; `resourceVersion` unset or "0" starts with synthetic ADDED
   events; `allowWatchBookmarks` gives BOOKMARK events (also just before a timeout ends the
   stream); `timeoutSeconds` ends the stream cleanly; a resourceVersion older than the last
   compaction gets HTTP 200 with one ERROR event, Status 410 Expired;
 - test controls: `put()` (create or replace), `delete()`, `compact()`, `end_watches()`,
+  `whole_lists` (an Event: cleared, the whole lists of Services and slices wait),
   `stop()` (connections dropped as by a crash) and `start()` again on the same port, plus a
   request log to assert on.
 
@@ -44,6 +46,7 @@ RESOURCES = {  # path -> (kind, apiVersion, namespaced)
     "/apis/discovery.k8s.io/v1/endpointslices": ("EndpointSlice", "discovery.k8s.io/v1", True),
     "/api/v1/nodes": ("Node", "v1", False),
 }
+WHOLE_LISTS = ("/api/v1/services", "/apis/discovery.k8s.io/v1/endpointslices")
 BOOKMARK_BODY: dict[str, dict[str, Any]] = {  # the zero values kube-apiserver leaves in
     "Service": {"spec": {}, "status": {"loadBalancer": {}}},
     "EndpointSlice": {"addressType": "", "endpoints": None, "ports": None},
@@ -106,6 +109,10 @@ class ApiServer:
         self._generation = 0  # bumped by stop() and end_watches(): open streams end
         self._abort = False
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # (path, token ok?, query)
+        # cleared by a test: the whole lists of Services and EndpointSlices (every namespace,
+        # no selector) wait until it is set again, as a large cluster's lists take a while
+        self.whole_lists = threading.Event()
+        self.whole_lists.set()
         self._http: _Server | None = None
         self.port = 0
 
@@ -178,6 +185,14 @@ class ApiServer:
     def version(self) -> int:
         with self._state:
             return self._version
+
+    def list_answer(
+        self, path: str, kind: str, query: dict[str, str]
+    ) -> tuple[int, dict[str, Any]]:
+        """A list request's answer; the whole lists wait while `whole_lists` is cleared."""
+        if path in WHOLE_LISTS:
+            self.whole_lists.wait(timeout=600)
+        return self.list_page(kind, query)
 
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create or replace an object (ADDED or MODIFIED); returns it as stored."""
@@ -334,7 +349,22 @@ def _selected(obj: dict[str, Any], query: dict[str, str]) -> bool:
             return False
         if field == "metadata.namespace" and obj["metadata"].get("namespace") != value:
             return False
-    return True
+    labels = obj["metadata"].get("labels") or {}
+    return all(_label_matches(labels, t) for t in query.get("labelSelector", "").split(",") if t)
+
+
+def _label_matches(labels: dict[str, str], term: str) -> bool:
+    """One equality-based requirement (k8s.io/apimachinery/pkg/labels): key=value,
+    key==value, key!=value, key, !key."""
+    if "!=" in term:
+        key, _, value = term.partition("!=")
+        return labels.get(key.strip()) != value.strip()
+    if "=" in term:
+        key, _, value = term.partition("=")
+        return labels.get(key.strip()) == value.removeprefix("=").strip()
+    if term.startswith("!"):
+        return term[1:].strip() not in labels
+    return term.strip() in labels
 
 
 def _now() -> str:
@@ -394,7 +424,7 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             elif query.get("watch") in ("1", "true"):
                 self._stream(api.watch(resource, query))
             else:
-                self._json(*api.list_page(resource, query))
+                self._json(*api.list_answer(url.path, resource, query))
 
         def _json(self, code: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()

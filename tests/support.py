@@ -160,6 +160,7 @@ class Agent:
         metrics: Metrics | None = None,
         kernel: FakeKernel | None = None,
         on_names: Callable[[Mapping[VSKey, str]], None] | None = None,
+        early: Tracker | None = None,
     ) -> None:
         self.changes: list[str] = []
         self.tracker = Tracker(on_change=self.changes.append, node_name=AGENT_CONFIG.node_name)
@@ -172,6 +173,7 @@ class Agent:
             metrics=self.metrics,
             health=self.health,
             on_names=on_names,
+            early=early,
         )
 
     def feed(self, *objects) -> None:

@@ -495,3 +495,32 @@ def test_a_restart_reads_the_kernel_once_for_the_first_services_and_the_full_pas
     again.feed(*first_services_cluster(3))
     again.sync()
     assert agent.kernel.observations == before + 1
+
+
+def test_the_first_services_own_lists_are_served_before_the_whole_lists():
+    """The agent lists the first Services alone beside the whole lists (`early`): when their
+    lists come first, their pass runs on them at once, the node not yet ready; once the whole
+    lists come, the full pass serves the rest and the first Services' pass never comes again."""
+    early = Tracker(required=(SERVICE, SLICE, NODE), node_name=CONFIG.node_name)
+    agent = Agent(early=early)
+    calls = recorded_applies(agent)
+    objects = first_services_cluster(20)
+    first = [o for o in objects if o["metadata"]["name"] in ("kubernetes", "kube-dns")]
+    assert agent.sync() is False  # nothing listed yet: no pass
+    assert calls == []
+    for kind in (SERVICE, SLICE, NODE):
+        early.replace(kind, [o for o in first if o["kind"] == kind])
+    assert agent.sync() is False  # the whole lists have not come: the runner counts no pass
+    (alone,) = calls
+    keys = {str(op.vs.key.address) for op in alone if isinstance(op, AddService)}
+    assert keys == {"10.96.0.1", "10.96.0.10"}
+    assert not agent.health.served  # /readyz: not before a full pass
+    agent.sync()
+    assert len(calls) == 1  # still waiting for the whole lists
+    agent.feed(*objects)
+    assert agent.sync() is True
+    assert len(calls) == 2
+    added = {str(op.vs.key.address) for op in calls[1] if isinstance(op, AddService)}
+    assert len(added) == 20  # the rest
+    assert not added & keys  # the first Services are served already
+    assert agent.health.served

@@ -248,3 +248,70 @@ def test_missing_kubeconfig_is_a_config_error(tmp_path):
     (tmp_path / "bad").write_text("clusters: [")
     with pytest.raises(ConfigError, match="cannot load"):
         kube.connect(kubeconfig=tmp_path / "bad", context=None)
+
+
+def test_the_first_services_are_listed_alone_by_name_and_label(server, tmp_path):
+    """`first_lists`: each first Service by name in its namespace, its slices by their
+    service-name label, this node's Node: a few small requests, one complete list per kind
+    into the sink, while the whole lists are held (a large cluster's take minutes)."""
+    from tests.factories import service, slice_
+
+    server.put(service("kubernetes", ns="default", cluster_ips=("10.96.0.1",)))
+    server.put(slice_("kubernetes", ns="default", endpoints=[{"addresses": ["192.168.0.2"]}]))
+    server.put(service("kubernetes", ns="other", cluster_ips=("10.96.0.2",)))  # same name
+    server.put(slice_("kubernetes", ns="other"))
+    server.put(service("kube-dns", ns="kube-system", cluster_ips=("10.96.0.10",)))
+    server.put(slice_("kube-dns", ns="kube-system", name="kube-dns-1"))
+    server.put(slice_("kube-dns", ns="kube-system", name="kube-dns-2"))
+    server.put(slice_("kube-dns-x", ns="kube-system"))  # another Service's slice
+    for i in range(30):
+        server.put(service(f"s{i}", ns="default", cluster_ips=(f"10.96.1.{i + 1}",)))
+        server.put(slice_(f"s{i}", ns="default"))
+    server.put(node("node-a"))
+    server.put(node("node-b"))
+    server.whole_lists.clear()  # the whole lists wait: first_lists must not ask for them
+    sink = Tracker(required=(SERVICE, SLICE, NODE), node_name="node-a")
+    client = kube.connect(kubeconfig=server.write_kubeconfig(tmp_path / "kc"), context=None)
+    try:
+        kube.first_lists(
+            client, [("default", "kubernetes"), ("kube-system", "kube-dns")],
+            node_name="node-a", sink=sink, settings=FAST,
+        )  # fmt: skip
+    finally:
+        client.close()
+        server.whole_lists.set()
+    assert sink.synced()
+    changes = sink.take()
+    assert set(changes.services) == {("default", "kubernetes"), ("kube-system", "kube-dns")}
+    assert len(changes.slices[("default", "kubernetes")]) == 1
+    assert {s.name for s in changes.slices[("kube-system", "kube-dns")]} == {
+        "kube-dns-1",
+        "kube-dns-2",
+    }
+    assert changes.node is not None
+    assert changes.node.name == "node-a"
+    paths = sorted(p for p, _, q in server.requests)
+    assert paths == sorted([
+        "/api/v1/namespaces/default/services",
+        "/api/v1/namespaces/kube-system/services",
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+        "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices",
+        "/api/v1/nodes",
+    ])  # fmt: skip
+
+
+def test_the_first_services_unreachable_is_one_clear_error(tmp_path):
+    """An API server that does not answer: `ApiUnavailable` naming it (the agent warns and
+    serves them with the whole lists), not a traceback."""
+    from ipvsproxy.errors import ApiUnavailable
+
+    api = ApiServer().start()
+    kubeconfig = api.write_kubeconfig(tmp_path / "kc")
+    api.stop()
+    client = kube.connect(kubeconfig=kubeconfig, context=None)
+    try:
+        with pytest.raises(ApiUnavailable, match="cannot read Services from https://"):
+            kube.first_lists(client, [("default", "kubernetes")], node_name="node-a",
+                             sink=Tracker(), settings=FAST)  # fmt: skip
+    finally:
+        client.close()
