@@ -526,7 +526,7 @@ def agent_rows(
         cmd = agent_command(
             "--kubeconfig", str(kubeconfig), netns=ns, node=BENCH_NODE, service_cidr=SERVICE_CIDR,
             min_sync_period=f"{args.min_sync_period}s", sync_period=args.sync_period,
-            health=None, metrics=None, more=(*NODE_FLAGS, "--log-format", "json", "--v", "4"),
+            health=None, metrics=None, more=(*NODE_FLAGS, "--log-format", "json", "--v", "3"),
         )  # fmt: skip
         kernel = ProcIpvs(ns)
         say("agent: starting")
@@ -559,9 +559,13 @@ def keep_logs(work: Path, into: Path | None) -> None:
     copied out of the run's temporary directory."""
     if into is None:
         return
-    into.mkdir(parents=True, exist_ok=True)
-    for log_file in work.glob("agent*.log"):
-        shutil.copyfile(log_file, into / log_file.name)
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        for log_file in work.glob("agent*.log"):
+            shutil.copyfile(log_file, into / log_file.name)
+    except OSError as exc:  # the VM shares the host's files read-only but for --rwdir
+        say(f"agent logs NOT kept: {exc} (scripts/bench-whole --keep-logs DIR passes --rwdir)")
+        return
     say(f"agent logs kept in {into}")
 
 
@@ -893,7 +897,9 @@ def main() -> None:
         "time until the API's VIP answers; parts `restart`: a restart on the complete table",
     )  # fmt: skip
     parser.add_argument(
-        "--keep-logs", type=Path, help="copy the agents' logs (--v 4, JSON) into this directory"
+        "--keep-logs",
+        type=Path,
+        help="copy the agents' logs (--v 3: each pass's steps; JSON) into this directory",
     )
     args = parser.parse_args()
     NODE_FLAGS.extend(("--firewall", args.firewall))

@@ -314,8 +314,11 @@ class AgentLoop:
         now = self._wall_clock()
         self.snapshot = snapshot_of(self.proxier)
         steps["after"] = self._clock() - started - sum(steps.values())
-        # --v 4: where a pass's time went (the sync line gives only its whole and the firewall's)
-        log.debug("pass steps: %s", ", ".join(f"{k} {v:.3f}s" for k, v in steps.items()))
+        # --v 3: where a pass's time went (the sync line gives only its whole and the
+        # firewall's); not --v 4, which also logs every operation
+        fields = {k.replace(" ", "_"): round(v, 3) for k, v in steps.items()}
+        text = ", ".join(f"{k} {v:.3f}s" for k, v in steps.items())
+        log.info("pass steps: %s", text, extra={"v": 3, **fields})
         self.passes = replace(self.passes, **{"full" if result.full else "partial": now})
         self._in_pass = frozenset()
         if result.full:  # the period counts from its end, as the runner's does
