@@ -38,8 +38,11 @@ class FakeKernel:
 
     owns_table = False  # as the IPVS table: shared
 
-    def __init__(self, state: IpvsState = EMPTY) -> None:
+    def __init__(self, state: IpvsState = EMPTY, *, record: bool = True) -> None:
         self.state = state
+        # every operation applied, for tests to assert on; record=False (the benches): none
+        # kept, as a kernel keeps none in the agent's memory
+        self._record = record
         self.applied: list[Op] = []
         self.errors: dict[Op, KernelError] = {}
         self.observations = 0
@@ -103,7 +106,8 @@ class FakeKernel:
             except KernelError as err:
                 failures.append(Failure(op, err))
             else:
-                self.applied.append(op)
+                if self._record:
+                    self.applied.append(op)
                 applied += 1
         return ApplyReport(applied=applied, failures=tuple(failures))
 
