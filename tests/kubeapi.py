@@ -22,6 +22,7 @@ Reached through the real `kubernetes` client with the kubeconfig `write_kubeconf
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
 import copy
 import json
@@ -104,7 +105,14 @@ class ApiServer:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
             kind: {} for kind, _, _ in RESOURCES.values()
         }
-        self._history: list[Event] = []
+        self._history: list[Event] = []  # in resourceVersion order
+        self._versions: list[int] = []  # each event's version, for bisect
+        # per kind, its keys sorted as "namespace/name" (None: to sort again after a put of a
+        # new key or a delete): a page starts by bisection, not by sorting every object (a
+        # list of 44,000 Services is 88 pages)
+        self._sorted: dict[str, list[str] | None] = {
+            kind: None for kind, _, _ in RESOURCES.values()
+        }
         self._oldest = 0  # watches from a resourceVersion below this get 410
         self._generation = 0  # bumped by stop() and end_watches(): open streams end
         self._abort = False
@@ -225,10 +233,14 @@ class ApiServer:
         """Forget the event history: older resourceVersions become 410 Gone."""
         with self._state:
             self._history.clear()
+            self._versions.clear()
             self._oldest = self._version + 1
 
     def _record(self, kind: str, kind_of_event: str, obj: dict[str, Any]) -> None:
         self._history.append(Event(self._version, kind, kind_of_event, obj))
+        self._versions.append(self._version)
+        if kind_of_event != "MODIFIED":  # a key came or went
+            self._sorted[kind] = None
         self._state.notify_all()
 
     # ---- serving (called by the handler) --------------------------------------------
@@ -246,19 +258,25 @@ class ApiServer:
             if version is not None and version < self._oldest:
                 return 410, status(410, "Expired", "The provided continue parameter is too old")
             version = version or self._version
-            items = [
-                obj
-                for key, obj in sorted(self._objects[kind].items())
-                if "/".join(key) > after and _selected(obj, query)
-            ]
-        page, rest = (items[:limit], items[limit:]) if limit else (items, [])
+            keys = self._sorted[kind]
+            if keys is None:
+                keys = self._sorted[kind] = sorted("/".join(key) for key in self._objects[kind])
+            objects = self._objects[kind]
+            start = bisect.bisect_right(keys, after)
+            if query.get("fieldSelector") or query.get("labelSelector"):
+                items = [o for k in keys[start:] if _selected(o := objects[_key(k)], query)]
+                page = items[:limit] if limit else items
+                rest = len(items) - len(page)
+            else:  # no selector: only the page's objects are looked at
+                end = min(start + limit, len(keys)) if limit else len(keys)
+                page, rest = [objects[_key(k)] for k in keys[start:end]], len(keys) - end
         meta: dict[str, Any] = {"resourceVersion": str(version)}
         if rest:
             last = page[-1]["metadata"]
             start = f"{last.get('namespace', '')}/{last['name']}"
             token = json.dumps({"start": start, "rv": version}).encode()
             meta["continue"] = base64.b64encode(token).decode()
-            meta["remainingItemCount"] = len(rest)
+            meta["remainingItemCount"] = rest
         body_items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]
         api_version = next(v for k, v, _ in RESOURCES.values() if k == kind)
         return 200, {
@@ -327,7 +345,13 @@ class ApiServer:
                 return
 
     def _pending(self, sent: int) -> list[Event]:
-        return [e for e in self._history if e.version > sent]
+        return self._history[bisect.bisect_right(self._versions, sent) :]
+
+
+def _key(joined: str) -> tuple[str, str]:
+    """("namespace", "name") from "namespace/name" (a Node's: "/name")."""
+    namespace, _, name = joined.partition("/")
+    return namespace, name
 
 
 def _bookmark(kind: str, version: int) -> dict[str, Any]:
