@@ -119,13 +119,18 @@ def saved(ns: str) -> IpvsState:
     return parse_save(out)
 
 
-def same_table(ns: str, want: IpvsState) -> str:
-    """'' when the namespace's IPVS table is `want`, else what differs (briefly)."""
+def same_table(ns: str, want: IpvsState, changed: int = 0) -> str:
+    """'' when the namespace's IPVS table is `want`, but for the `changed` destinations the
+    slice changes added (each a new endpoint of one Service), else what differs (briefly)."""
     got = saved(ns)
     if (got.services, got.dests) == (want.services, want.dests):
         return ""
     missing = [k for k in want.services if got.services.get(k) != want.services[k]]
     wrong = [k for k in want.services if k in got.dests and got.dests[k] != want.dests[k]]
+    added = sum(len(got.dests[k]) - len(want.dests[k]) for k in wrong)
+    grown = all(want.dests[k].items() <= got.dests[k].items() for k in wrong)
+    if not missing and grown and added == changed and len(got.services) == len(want.services):
+        return ""
     extra = [k for k in got.services if k not in want.services]
     return (
         f"{len(got.services)} virtual servers, {len(missing)} missing or different "
@@ -602,6 +607,10 @@ def _agent_measure(
             "agent", f"slice change {args.first_change_after:g} s after the first sync",
             early[0], None, f"target <= {args.min_sync_period + 1:.2f} s",
         )  # fmt: skip
+    # after the first change (at 44,000 Services the dump and comparison take minutes under
+    # emulation: the change would come during the next periodic full resync instead)
+    if diff := same_table(run.ns, want, changed=run.changes):
+        out.problem(f"agent: table differs from the floor's: {diff}")
     if idle_resync(run, args, out):
         latencies, durations = change_rounds(
             run, api, objects, args, out, rounds=args.repeat, settle=args.settle, tag="change"
@@ -655,8 +664,6 @@ def first_sync(
     elif run.probe is not None:
         out.problem("agent: the API's VIP did not answer by the end of the first sync")
     out.notes.append(f"agent's first sync line, {first.seen - started:.1f} s: {first.msg}")
-    if diff := same_table(run.ns, want):
-        out.problem(f"agent: table differs from the floor's: {diff}")
     if first.failed:
         out.problem(f"agent: the first sync had failures: {first.msg}")
     return True

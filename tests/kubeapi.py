@@ -262,14 +262,14 @@ class ApiServer:
             if keys is None:
                 keys = self._sorted[kind] = sorted("/".join(key) for key in self._objects[kind])
             objects = self._objects[kind]
-            start = bisect.bisect_right(keys, after)
+            begin = bisect.bisect_right(keys, after)
             if query.get("fieldSelector") or query.get("labelSelector"):
-                items = [o for k in keys[start:] if _selected(o := objects[_key(k)], query)]
+                items = [o for k in keys[begin:] if _selected(o := objects[_key(k)], query)]
                 page = items[:limit] if limit else items
                 rest = len(items) - len(page)
             else:  # no selector: only the page's objects are looked at
-                end = min(start + limit, len(keys)) if limit else len(keys)
-                page, rest = [objects[_key(k)] for k in keys[start:end]], len(keys) - end
+                end = min(begin + limit, len(keys)) if limit else len(keys)
+                page, rest = [objects[_key(k)] for k in keys[begin:end]], len(keys) - end
         meta: dict[str, Any] = {"resourceVersion": str(version)}
         if rest:
             last = page[-1]["metadata"]
