@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -78,8 +79,33 @@ def probe(container: dict[str, Any], name: str) -> tuple[int, str]:
     return get(f"http://{http['host']}:{http['port']}{http['path']}", spec["timeoutSeconds"])
 
 
+BUILD_STATE = ROOT / ".cache" / "image-build.state"  # scripts/test's build of the image
+BUILD_WAIT = 900.0  # s: about 1.5 min quiet, several times that beside the VM on a busy host
+
+
+def wait_for_build() -> str:
+    """scripts/test builds the image while this suite runs: its state file says "building
+    SINCE" (epoch seconds) until the build ends, then "exit N". '' when no build is running
+    (none started, or one begun too long ago: a stopped run's leftover)."""
+    deadline = time.monotonic() + BUILD_WAIT
+    while time.monotonic() < deadline:
+        try:
+            state = BUILD_STATE.read_text().split()
+        except OSError:
+            return ""
+        if state[:1] != ["building"] or len(state) < 2 or not state[1].isdigit():
+            return " ".join(state)
+        if time.time() - int(state[1]) > BUILD_WAIT:
+            return ""
+        time.sleep(2)
+    return f"still building after {BUILD_WAIT:g} s"
+
+
 @pytest.fixture
 def image() -> str:
+    built = wait_for_build()
+    if built not in ("", "exit 0"):
+        skip_unless_ci(f"scripts/image: {built} (.cache/image-build.log)")
     path = archive()
     if not path.exists():
         skip_unless_ci(f"{path} is missing: build it with scripts/image")
