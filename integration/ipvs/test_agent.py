@@ -388,7 +388,7 @@ def test_the_api_s_service_first_then_a_restart_that_keeps_serving(world, tmp_pa
         agent = Agent(kubeconfig, tmp_path / "agent.log").start()
         # served from their own lists (by name and label), firewall entries included,
         # while the whole lists have not come
-        eventually(lambda: agent.logged("first Services served"), STUCK, "the first Services")
+        eventually(lambda: agent.logged("first Services served"), 2 * STUCK, "the first Services")
         assert request(lab.clients[0], "10.96.0.1", 443) == "b1"
         listed = subprocess.run(["nft", "list", "set", "inet", "ipvsproxy", "service-ports"],
                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
