@@ -124,7 +124,6 @@ class AgentLoop:
         self._full_asked = False
         self._frozen = False
         self._first_done = False  # the first Services' pass (Proxier.plan_first), tried once
-        self._steps: dict[str, float] = {}  # the pass's steps' seconds, for a debug line
         # when the pass runs: at most every --min-sync-period, at least every --sync-period,
         # soon after a change; one thread calls its `loop()`, others `request()` or `stop()`
         self.runner = Runner(
@@ -201,7 +200,6 @@ class AgentLoop:
         try:
             planned = self.proxier.plan(full=full)
             steps |= {"feed": fed - started - sum(steps.values()), "plan": self._clock() - fed}
-            self._steps = steps
             result = self.proxier.apply(planned)
         except KernelError as exc:
             self._pass_failed(f"sync failed: {exc}", traceback=False, started=started, full=full)
@@ -211,7 +209,7 @@ class AgentLoop:
                 "sync failed with an unexpected error", traceback=True, started=started, full=full
             )
             return
-        self._completed(result, changes, started)
+        self._completed(result, changes, started, steps)
 
     def _first_services(self, changes: Changes) -> Changes:
         """Before the first full pass, the first Services alone (`--first-services`), when
@@ -242,9 +240,11 @@ class AgentLoop:
         )  # fmt: skip
         return rest
 
-    def _completed(self, result: PassResult, changes: Changes, started: float) -> None:
-        """A pass that completed: metrics, health, the log line, early retries."""
-        steps = self._steps
+    def _completed(
+        self, result: PassResult, changes: Changes, started: float, steps: dict[str, float]
+    ) -> None:
+        """A pass that completed: metrics, health, the log line (and, at --v 3, the seconds
+        of each step: `steps`, the ones before the writes), early retries."""
         steps["apply"] = self._clock() - started - sum(steps.values())
         if result.full:
             self._metrics.families(self.proxier.desired.families())

@@ -433,18 +433,30 @@ def list_once(
     """One complete list of each of `kinds` into `sink` (`diff`): any failure to reach or
     understand the API server is one `ApiUnavailable` line naming it; a refusal for good
     (401, 403, 404) stays a `WatchError`."""
-    settings = settings or DIFF
     for kind in kinds:
-        watcher = Watcher(
-            kind, api=api, node_name=node_name, sink=sink, stop=threading.Event(),
-            settings=settings,
-        )  # fmt: skip
-        try:
-            watcher.list_all()
-        except (Transient, Gone) as exc:
-            raise ApiUnavailable(
-                f"cannot read {kind}s from {watcher.server}: {_one_line(exc)}"
-            ) from exc
+        _list_or_raise(api, kind, node_name, sink, settings or DIFF)
+
+
+def _list_or_raise(
+    api: Any,
+    kind: str,
+    node_name: str,
+    sink: Any,
+    settings: Settings,
+    scope: tuple[str, dict[str, str]] | None = None,
+) -> None:
+    """One complete list (of `scope` only, if given) into `sink`; a failure to reach or
+    understand the API server is one `ApiUnavailable` line naming it."""
+    watcher = Watcher(
+        kind, api=api, node_name=node_name, sink=sink, stop=threading.Event(),
+        settings=settings, scope=scope,
+    )  # fmt: skip
+    try:
+        watcher.list_all()
+    except (Transient, Gone) as exc:
+        raise ApiUnavailable(
+            f"cannot read {kind}s from {watcher.server}: {_one_line(exc)}"
+        ) from exc
 
 
 def first_lists(
@@ -473,16 +485,7 @@ def first_lists(
 
     for kind, kind_scopes in scopes.items():
         for scope in kind_scopes:
-            watcher = Watcher(
-                kind, api=api, node_name=node_name, sink=Collect(), stop=threading.Event(),
-                settings=settings, scope=scope,
-            )  # fmt: skip
-            try:
-                watcher.list_all()
-            except (Transient, Gone) as exc:
-                raise ApiUnavailable(
-                    f"cannot read {kind}s from {watcher.server}: {_one_line(exc)}"
-                ) from exc
+            _list_or_raise(api, kind, node_name, Collect(), settings, scope)
     for kind in scopes:
         sink.replace(kind, found.get(kind, []))
 
