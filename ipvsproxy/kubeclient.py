@@ -31,6 +31,18 @@ and renews the token when it expires. No private name of the library is read or 
 function. Not covered, as it is not a secret: an OIDC auth provider's
 `idp-certificate-authority-data`, a CA certificate, still goes to a temp file on refresh.
 
+Credentials follow rotation, whatever the token carries (`Credentials`). The library re-reads
+a kubeconfig's `tokenFile` only when the token has an expiry it can read, and the in-cluster
+token once a minute; kubelet rotates a projected service-account token by swapping the
+volume's files, and a cluster that does not extend tokens' lifetimes
+(`--service-account-extend-token-expiration=false`) refuses the old one within the hour. So
+the token file (the kubeconfig user's `tokenFile`, or the service account's in-cluster) is
+read again whenever it changed (its inode, size or modification time: a `stat` per request),
+and client certificate files named by the kubeconfig (`client-certificate`, `client-key`)
+likewise: changed, the idle connections are closed, and each new one loads them (as
+client-go's transport reloads rotated certificate files). A 401 or 403 reads both again at
+once and sends the request once more.
+
 Every request is reported to `observe(method, host, code, seconds)` (the agent's
 rest_client_* metrics, as client-go reports its own): `code` is the HTTP status or `<error>`
 when none came, `host` the server's host:port, `seconds` the time to the response headers
@@ -54,6 +66,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -68,13 +81,15 @@ from kubernetes import __version__ as LIBRARY_VERSION
 from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTClientObject
-from kubernetes.config import ConfigException, kube_config, load_incluster_config
+from kubernetes.config import ConfigException, incluster_config, kube_config, load_incluster_config
 from kubernetes.config.exec_provider import ExecProvider
 from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
 from urllib3.exceptions import ConnectTimeoutError, LocationParseError
 from urllib3.util import parse_url
 
 from ipvsproxy.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ApiException",
@@ -92,30 +107,133 @@ def unobserved(method: str, host: str, code: str, seconds: float | None) -> None
     """The default `observe`: requests are not reported."""
 
 
+class Credentials:
+    """The files a client's identity comes from, followed as they rotate (see above): the
+    token file, if the user authenticates with one, and client certificate files.
+
+    `follow()` is installed as the configuration's `refresh_api_key_hook`, which
+    `Configuration.auth_settings()` runs before every request; `reload()` reads every file
+    again whether it changed or not (after a 401 or 403)."""
+
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        token_file: str | None,
+        on_rotate: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._configuration = configuration
+        self._token_file = token_file
+        self._on_rotate = on_rotate
+        # the library's own hook (an exec plugin's renewal, an auth provider's), kept unless
+        # the token is the file's: then it would only set the first token again
+        self._library_hook = None if token_file else configuration.refresh_api_key_hook
+        # files the kubeconfig names (key material of its own is in memory files: unchanging)
+        self._cert_files = tuple(
+            name
+            for name in (configuration.cert_file, configuration.key_file)
+            if name and not name.startswith("/proc/self/fd/")
+        )
+        self._token_seen = _signature(token_file) if token_file else None
+        self._certs_seen = tuple(_signature(name) for name in self._cert_files)
+        configuration.refresh_api_key_hook = self.follow
+
+    def follow(self, configuration: Any = None) -> None:
+        """Read again what changed since it was last read."""
+        if self._library_hook is not None:
+            self._library_hook(self._configuration)
+        if self._token_file is not None:
+            seen = _signature(self._token_file)
+            if seen != self._token_seen:
+                self._token_seen = seen
+                self._read_token()
+        certs = tuple(_signature(name) for name in self._cert_files)
+        if certs != self._certs_seen:
+            self._certs_seen = certs
+            log.info("client certificate files changed: new connections use them")
+            self._on_rotate()
+
+    def reload(self) -> None:
+        """Read the token file again, and make new connections read the certificate files
+        again, changed or not (a 401 or 403 came)."""
+        if self._token_file is not None:
+            self._token_seen = _signature(self._token_file)
+            self._read_token()
+        if self._cert_files:
+            self._certs_seen = tuple(_signature(name) for name in self._cert_files)
+            self._on_rotate()
+
+    def _read_token(self) -> None:
+        """The token file's content as the bearer token; an unreadable or empty file keeps
+        the token read before (a rotation's swap of files is atomic: it never shows either)."""
+        assert self._token_file is not None
+        try:
+            token = Path(self._token_file).read_text().strip()
+        except OSError as exc:
+            log.warning("token file %s: %s; the token read before is kept", self._token_file,
+                        exc.strerror or exc)  # fmt: skip
+            return
+        if not token:
+            log.warning("token file %s is empty; the token read before is kept", self._token_file)
+            return
+        self._configuration.api_key["BearerToken"] = f"Bearer {token}"
+        self._configuration.api_key_prefix.pop("BearerToken", None)
+        log.debug("token file %s read", self._token_file)
+
+
+def _signature(path: str) -> tuple[int, int, int, int] | None:
+    """What tells a changed file from the one read before (through symlinks, so a projected
+    volume's swap of its `..data` link counts); None if it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class Client:
     """GETs from the API server, as the generated API classes send them."""
 
-    def __init__(self, configuration: Any, *, observe: Observe = unobserved) -> None:
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        observe: Observe = unobserved,
+        token_file: str | None = None,
+    ) -> None:
         self.configuration = configuration
         self._rest = RESTClientObject(configuration)
         _watch_connections(self._rest.pool_manager)
+        self.credentials = Credentials(
+            configuration, token_file=token_file, on_rotate=self._rest.pool_manager.clear
+        )
         self._user_agent = f"ipvsproxy (kubernetes-client-python {LIBRARY_VERSION})"
         self._observe = observe
         self._host = urlsplit(configuration.host).netloc  # client-go's label: URL.Host
 
     def get(self, path: str, query: list[tuple[str, Any]], *, timeout: Any = None) -> Any:
-        """The `RESTResponse` (status, undecoded body) of GET `path?query`."""
+        """The `RESTResponse` (status, undecoded body) of GET `path?query`. A 401 or 403 reads
+        the credentials again and sends the request once more (its answer is returned)."""
         pairs = [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query]
         url = self.configuration.host + path
         if pairs:
             url += "?" + urlencode(pairs, quote_via=quote, safe="/")
+        watch = ("watch", "true") in pairs
+        response = self._send(url, timeout=timeout, watch=watch)
+        if response.status not in (401, 403):
+            return response
+        _discard(response)
+        log.debug("GET %s: %s; reading the credentials again", path, response.status)
+        self.credentials.reload()
+        return self._send(url, timeout=timeout, watch=watch)
+
+    def _send(self, url: str, *, timeout: Any, watch: bool) -> Any:
         headers = {"Accept": "application/json", "User-Agent": self._user_agent}
         for auth in self.configuration.auth_settings().values():  # runs the refresh hook
             if auth["in"] == "header" and auth["value"]:
                 # strip: the library keeps a token file's trailing newline, which no header
                 # may carry (kubectl and client-go trim it too)
                 headers[auth["key"]] = auth["value"].strip()
-        watch = ("watch", "true") in pairs
         started = time.monotonic()
         try:
             response = self._rest.request(  # type: ignore[no-untyped-call]
@@ -135,6 +253,14 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _discard(response: Any) -> None:
+    """A refusal's answer is not read (a Status of a few hundred bytes): its connection is
+    closed, not returned to the pool."""
+    with contextlib.suppress(Exception):
+        response.response.close()
+        response.response.release_conn()
 
 
 _active = threading.local()  # .deadline: the Deadline of the request this thread is making
@@ -347,26 +473,30 @@ def client(
     with backoff itself, and a hidden retry would only delay seeing a failure.
     """
     configuration = Configuration()
+    token_file: str | None = None
     if kubeconfig is not None:
         if not kubeconfig.is_file():
             # "--kubeconfig PATH", or "--config FILE: field clientConnection.kubeconfig: PATH"
             sep = " " if origin == "--kubeconfig" else ": "
             raise ConfigError(f"{origin}{sep}{kubeconfig}: no such file")
         named = str(kubeconfig) if origin == "--kubeconfig" else f"{origin}: {kubeconfig}"
-        _load_kubeconfig(str(kubeconfig), context, configuration, named=named)
+        token_file = _load_kubeconfig(str(kubeconfig), context, configuration, named=named)
     elif not master:
         _check_service_env()
         try:
             load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            token_file = incluster_config.SERVICE_TOKEN_FILENAME
         except (ConfigException, OSError) as in_cluster:
             # not in a Pod (no KUBERNETES_SERVICE_HOST), or no service-account token mounted
-            _load_kubeconfig(None, context, configuration, also=f"in-cluster: {in_cluster}")
+            token_file = _load_kubeconfig(
+                None, context, configuration, also=f"in-cluster: {in_cluster}"
+            )
     if master:
         # client-go's DefaultServerURL: a bare host:port means https
         configuration.host = (master if "://" in master else f"https://{master}").rstrip("/")
     _check_server(configuration.host, "--master" if master else "the kubeconfig's server")
     configuration.retries = 0
-    return Client(configuration, observe=observe)
+    return Client(configuration, observe=observe, token_file=token_file)
 
 
 # The in-cluster address's variables and the keys of ipvsproxy's ConfigMap the DaemonSet sets
@@ -413,26 +543,31 @@ def _load_kubeconfig(
     *,
     also: str = "",
     named: str = "",
-) -> None:
+) -> str | None:
     """`load_kube_config`, its failures as one `ConfigError` line (`also`: what failed first;
-    `named`: the path as the error names it, with where it came from)."""
+    `named`: the path as the error names it, with where it came from); the token file the
+    user authenticates with, if any."""
     where = named or path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION
     try:
-        _load_in_memory(path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION, context, configuration)
+        return _load_in_memory(
+            path or kube_config.KUBE_CONFIG_DEFAULT_LOCATION, context, configuration
+        )
     except (ConfigException, OSError, yaml.YAMLError, *_SHAPE) as exc:
         reason = f"{also}; {where}: {_describe(exc)}" if also else f"{where}: {_describe(exc)}"
         raise ConfigError(f"cannot load the Kubernetes client configuration ({reason})") from exc
 
 
-def _load_in_memory(paths: str, context: str | None, configuration: Any) -> None:
+def _load_in_memory(paths: str, context: str | None, configuration: Any) -> str | None:
     """What `load_kube_config(paths, context)` does, through the same public classes
     (`KubeConfigMerger`: the files of a `:`-separated list merged, each entry remembering
     its file for relative paths; `KubeConfigLoader`), with the key material of the context's
-    cluster and user moved into memory files first (see above)."""
+    cluster and user moved into memory files first (see above). Returns the token file the
+    user authenticates with, if any (`_token_file`)."""
     merger = KubeConfigMerger(paths)  # type: ignore[no-untyped-call]
     config = merger.config
     if config is None:
         raise ConfigException("Invalid kube-config file. No configuration found.")
+    token_file = _token_file(config, context)
     _move_key_material(config, context)
     loader = KubeConfigLoader(  # type: ignore[no-untyped-call]
         config_dict=config,
@@ -441,6 +576,28 @@ def _load_in_memory(paths: str, context: str | None, configuration: Any) -> None
         config_persister=merger.save_changes,
     )
     loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    return token_file
+
+
+def _token_file(config: Any, context: str | None) -> str | None:
+    """The `tokenFile` of the user `context` (else current-context) names, if the library
+    authenticates the user with it (no auth provider, no `token` field: the library's order),
+    resolved as the library does (relative to the file the user's entry came from). None
+    also for a kubeconfig of the wrong shape: the loader says what is wrong with it."""
+    try:
+        name = context if context is not None else config["current-context"]
+        user_name = config["contexts"].get_with_name(name)["context"].safe_get("user")
+        user = config["users"].get_with_name(user_name, safe=True) if user_name else None
+        fields = user.safe_get("user") if user is not None else None
+    except (ConfigException, *_SHAPE):
+        return None
+    if not isinstance(fields, dict) or fields.get("auth-provider") or "token" in fields:
+        return None
+    path = fields.get("tokenFile")
+    if not isinstance(path, str) or not path:
+        return None
+    base = os.path.abspath(os.path.dirname(user.path)) if user.path is not None else ""
+    return os.path.normpath(os.path.join(base, path))
 
 
 # a `*-data` field (base64) -> the field naming a file, which the library reads instead

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime
 import json
 import os
 import signal
@@ -406,17 +405,10 @@ def test_in_cluster_the_service_account_token_is_sent_and_its_rotation_followed(
         with client(kubeconfig=None, context=None) as api_client:
             first = api_client.get("/api/v1/services", [("limit", 5), ("watch", False)])
             assert first.status == 200
-            # rotated; the loader re-reads the file once its minute is over
+            # rotated: read again at the next request, not a minute later as the library's
+            # loader would
             (tmp_path / "token").write_text("second")
             api.token = "second"
-
-            class Later(datetime.datetime):
-                @classmethod
-                def now(cls, tz: Any = None) -> Any:
-                    return datetime.datetime.now(tz) + datetime.timedelta(minutes=2)
-
-            fake = type("datetime_module", (), {"datetime": Later, "timedelta": datetime.timedelta})
-            monkeypatch.setattr(incluster_config, "datetime", fake)
             second = api_client.get("/api/v1/services", [])
             assert second.status == 200
         assert [(path, ok) for path, ok, _ in api.requests] == [
@@ -598,3 +590,132 @@ def test_the_deadline_cuts_a_trickling_plain_http_server(not_in_cluster: None) -
         stop.set()
         listener.close()
     assert time.monotonic() - started < 5  # the server's trickle: 10 s
+
+
+# ---- credentials that follow rotation ----------------------------------------------------
+
+# a service-account token's shape (header.claims.signature) with no `exp` claim: nothing the
+# library could read an expiry from (it re-reads a token file only when it can)
+NO_EXPIRY = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6a3ViZS1zeXN0ZW06eCJ9.c2ln"
+
+
+def rotate(path: Path, token: str) -> None:
+    """As the kubelet rotates a projected token: a new file swapped in (a new inode)."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(token)
+    new.replace(path)
+
+
+def rewrite_unseen(path: Path, token: str) -> None:
+    """The file's content changed in place, its size and modification time as before: a
+    change no `stat` shows."""
+    before = path.stat()
+    assert len(token) == before.st_size
+    with path.open("r+") as f:
+        f.write(token)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.fixture
+def rotating(tmp_path: Path) -> Iterator[tuple[ApiServer, Path]]:
+    """A server of its own, whose token a test changes, and a kubeconfig with a tokenFile."""
+    api = ApiServer(token=NO_EXPIRY + "1").start()
+    (tmp_path / "token").write_text(NO_EXPIRY + "1\n")
+    kc = write(tmp_path / "kc", kubeconfig(api, tmp_path, tokenFile="token"))
+    try:
+        yield api, kc
+    finally:
+        api.stop()
+
+
+def statuses(api: ApiServer) -> list[str]:
+    return [ok for _, ok, _ in api.requests]
+
+
+def test_a_rotated_token_file_is_read_again_before_the_next_request(rotating, tmp_path):
+    """A token with no expiry: the library would send the first for ever."""
+    api, kc = rotating
+    with client(kubeconfig=kc, context=None) as api_client:
+        assert api_client.get("/api/v1/services", []).status == 200
+        rotate(tmp_path / "token", NO_EXPIRY + "2")
+        api.token = NO_EXPIRY + "2"  # the old one is refused from now on
+        assert api_client.get("/api/v1/services", []).status == 200
+    assert statuses(api) == ["ok", "ok"]  # read before it was sent: never refused
+
+
+def test_a_refusal_reads_the_token_file_again_at_once_and_retries_once(rotating, tmp_path):
+    api, kc = rotating
+    with client(kubeconfig=kc, context=None) as api_client:
+        assert api_client.get("/api/v1/services", []).status == 200
+        rewrite_unseen(tmp_path / "token", NO_EXPIRY + "2\n")
+        api.token = NO_EXPIRY + "2"
+        assert api_client.get("/api/v1/services", []).status == 200
+        assert statuses(api) == ["ok", "denied", "ok"]
+        api.token = "neither"  # refused for good: the refusal is the answer, after one retry
+        assert api_client.get("/api/v1/services", []).status == 401
+    assert statuses(api) == ["ok", "denied", "ok", "denied", "denied"]
+
+
+def test_an_unreadable_or_empty_token_file_keeps_the_token_read_before(rotating, tmp_path, caplog):
+    api, kc = rotating
+    with client(kubeconfig=kc, context=None) as api_client:
+        rotate(tmp_path / "token", "")
+        assert api_client.get("/api/v1/services", []).status == 200
+        (tmp_path / "token").unlink()
+        assert api_client.get("/api/v1/services", []).status == 200
+    assert statuses(api) == ["ok", "ok"]
+    assert "is empty; the token read before is kept" in caplog.text
+    assert "No such file or directory; the token read before is kept" in caplog.text
+
+
+def test_a_token_in_the_kubeconfig_wins_over_its_token_file(rotating, tmp_path):
+    """The library's order: `token` before `tokenFile`; then the file is not followed."""
+    api, _ = rotating
+    kc = write(
+        tmp_path / "kc2",
+        kubeconfig(api, tmp_path, token=NO_EXPIRY + "1", tokenFile="token"),
+    )
+    with client(kubeconfig=kc, context=None) as api_client:
+        rotate(tmp_path / "token", NO_EXPIRY + "2")
+        assert api_client.get("/api/v1/services", []).status == 200
+    assert statuses(api) == ["ok"]
+
+
+class Certs:
+    """A configuration's certificate fields, and what the library hook would be."""
+
+    def __init__(self, cert: str | None, key: str | None) -> None:
+        self.cert_file, self.key_file = cert, key
+        self.refresh_api_key_hook = None
+        self.api_key: dict[str, str] = {}
+        self.api_key_prefix: dict[str, str] = {}
+
+
+def test_rotated_client_certificate_files_make_new_connections_read_them(tmp_path):
+    (tmp_path / "crt").write_text("one")
+    (tmp_path / "key").write_text("one")
+    rotations: list[int] = []
+    configuration = Certs(str(tmp_path / "crt"), str(tmp_path / "key"))
+    creds = kubeclient.Credentials(
+        configuration, token_file=None, on_rotate=lambda: rotations.append(1)
+    )
+    configuration.refresh_api_key_hook()  # as auth_settings() runs it before each request
+    assert rotations == []
+    rotate(tmp_path / "key", "two")
+    creds.follow()
+    creds.follow()
+    assert rotations == [1]
+    creds.reload()  # a refusal: new connections, changed or not
+    assert rotations == [1, 1]
+
+
+def test_key_material_of_the_kubeconfig_itself_is_not_followed(tmp_path):
+    rotations: list[int] = []
+    creds = kubeclient.Credentials(
+        Certs("/proc/self/fd/7", "/proc/self/fd/8"),
+        token_file=None,
+        on_rotate=lambda: rotations.append(1),
+    )
+    creds.follow()
+    creds.reload()
+    assert rotations == []
