@@ -40,6 +40,7 @@ from ipvsproxy.backends import (
 )
 from ipvsproxy.config import Config
 from ipvsproxy.errors import IpvsproxyError, KernelError
+from ipvsproxy.following import Following, Unread
 from ipvsproxy.model import IPAddress, VSKey
 from ipvsproxy.proxier import PassPlan, PassResult, Proxier
 from ipvsproxy.saved_table import SavedTable
@@ -332,8 +333,15 @@ class Agent:
         self._lock = threading.Lock()
         self._fatal: IpvsproxyError | None = None  # the first, under the lock
         self._metrics = Metrics()
+        # whether the watchers still read the API (warned once past 2 sync periods)
+        self._following = Following(
+            bound=2 * config.sync_period, on_stale=_api_stale, on_recovered=_api_recovered
+        )
+        self._metrics.following(self._following.unread)
         self._health = Health(
-            timeout=2 * config.sync_period, on_answer=self._metrics.health_answered
+            timeout=2 * config.sync_period,
+            on_answer=self._metrics.health_answered,
+            following=self._following,
         )
         self._service_health = ServiceHealth(
             healthy=self._health.healthy, on_bind_error=self._metrics.bind_failed
@@ -390,7 +398,13 @@ class Agent:
         # probe.
         stack.callback(_serve_health(config, self._health).close)
         start_sources, close_source, self._api_server = _open_source(
-            self.source, config, self._tracker, self._stopped, metrics, early=self._early
+            self.source,
+            config,
+            self._tracker,
+            self._stopped,
+            metrics,
+            early=self._early,
+            following=self._following,
         )
         stack.callback(close_source)
         stack.callback(self._stopped.set)  # the watchers end with the agent, whatever stops it
@@ -615,6 +629,7 @@ def _open_source(
     metrics: Any,
     *,
     early: Tracker | None = None,
+    following: Following | None = None,
 ) -> tuple[
     Callable[[Callable[[IpvsproxyError | None], None]], list[threading.Thread]],
     Callable[[], None],
@@ -668,6 +683,7 @@ def _open_source(
             sink=tracker,
             stop=stop,
             on_restart=lambda k, reason: metrics.watch_restarts.labels(k, reason).inc(),
+            following=following,
         )
         for kind in (SERVICE, SLICE, NODE)
     ]
@@ -679,6 +695,19 @@ def _open_source(
         return [guarded(f"watch-{w.kind}", w.run, halt) for w in watchers]
 
     return start, client.close, client.configuration.host
+
+
+def _api_stale(unread: Unread) -> None:
+    log.warning(
+        "API: %ss not read for %.0fs (longer than 2 sync periods), last error: %s; the node "
+        "keeps its rules but does not follow changes until it reads them again",
+        unread.kind, unread.seconds, unread.error,
+        extra={"resource": unread.kind, "unreadSeconds": round(unread.seconds, 1)},
+    )  # fmt: skip
+
+
+def _api_recovered(kind: str, seconds: float) -> None:
+    log.info("API: %ss read again after %.0fs", kind, seconds)
 
 
 def _list_first(client: Any, config: Config, early: Tracker) -> None:

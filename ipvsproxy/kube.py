@@ -43,7 +43,8 @@ Why the client's `watch.Watch` is not used: it builds client model objects for e
 from the same resourceVersion. The client still does configuration, authentication, TLS and
 the HTTP requests; this module reads the line-delimited JSON of the stream itself.
 
-Imports: kubeclient (the kubernetes client), tenacity, urllib3, api, sync.tracker, errors.
+Imports: kubeclient (the kubernetes client), tenacity, urllib3, api, sync.tracker, following,
+errors.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ import urllib3
 from ipvsproxy.api import SERVICE_NAME_LABEL, Read, read
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ApiUnavailable, WatchError
+from ipvsproxy.following import Following
 from ipvsproxy.kubeclient import ApiException, Deadline, Observe, client, unobserved
 from ipvsproxy.sync.tracker import NODE, SERVICE, SLICE
 
@@ -199,6 +201,7 @@ class Watcher:
         settings: Settings = Settings(),
         on_restart: Callable[[str, str], None] = lambda kind, reason: None,
         scope: tuple[str, dict[str, str]] | None = None,
+        following: Following | None = None,
     ) -> None:
         self.kind = kind
         # the API server's URL, named by the errors (a test's fake client may have none)
@@ -209,6 +212,8 @@ class Watcher:
         self._stop = stop
         self._settings = settings
         self._on_restart = on_restart
+        # told of every read and every failed step (whether this node still follows the API)
+        self._following = following
         self.listed = False
         self._version: str | None = None  # resume watching from here; None: list first
 
@@ -240,6 +245,16 @@ class Watcher:
             level, "watch %s from %s: %s; retrying in %.1fs", self.kind, self.server, error, wait
         )
         self._on_restart(self.kind, "error")
+        self._was_read(error=str(error))
+
+    def _was_read(self, *, error: str | None = None) -> None:
+        """Tell `following` of a read of this resource, or of a failed attempt (`error`)."""
+        if self._following is None:
+            return
+        if error is None:
+            self._following.read(self.kind)
+        else:
+            self._following.failed(self.kind, error)
 
     def step(self) -> None:
         """List if there is no resourceVersion to resume from, else one watch stream.
@@ -277,6 +292,7 @@ class Watcher:
                 raise
         self._sink.replace(self.kind, items)
         self.listed = True
+        self._was_read()
         smaller = (
             ""
             if limit == PAGE
@@ -375,9 +391,11 @@ class Watcher:
             allow_watch_bookmarks=True,
             timeout_seconds=timeout,
         )
+        self._was_read()  # the stream is open: a quiet one reads nothing until a change
         try:
             for event in _events(response, s.max_event_bytes):
                 self._version = self._handle(event, self._version or "")
+                self._was_read()
                 if self._stop.is_set():
                     break
         finally:

@@ -136,10 +136,17 @@ class Credentials:
         )
         self._token_seen = _signature(token_file) if token_file else None
         self._certs_seen = tuple(_signature(name) for name in self._cert_files)
+        # every watcher's thread asks: one that sees the change seen by another must not send
+        # the old token while the other reads the new one
+        self._lock = threading.Lock()
         configuration.refresh_api_key_hook = self.follow
 
     def follow(self, configuration: Any = None) -> None:
         """Read again what changed since it was last read."""
+        with self._lock:
+            self._follow()
+
+    def _follow(self) -> None:
         if self._library_hook is not None:
             self._library_hook(self._configuration)
         if self._token_file is not None:
@@ -156,6 +163,10 @@ class Credentials:
     def reload(self) -> None:
         """Read the token file again, and make new connections read the certificate files
         again, changed or not (a 401 or 403 came)."""
+        with self._lock:
+            self._reload()
+
+    def _reload(self) -> None:
         if self._token_file is not None:
             self._token_seen = _signature(self._token_file)
             self._read_token()
@@ -591,7 +602,9 @@ def _token_file(config: Any, context: str | None) -> str | None:
         fields = user.safe_get("user") if user is not None else None
     except (ConfigException, *_SHAPE):
         return None
-    if not isinstance(fields, dict) or fields.get("auth-provider") or "token" in fields:
+    if user is None or not isinstance(fields, dict):
+        return None
+    if fields.get("auth-provider") or "token" in fields:
         return None
     path = fields.get("tokenFile")
     if not isinstance(path, str) or not path:

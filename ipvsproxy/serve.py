@@ -13,7 +13,7 @@ time (or ten thousand connecting at once) do not delay a probe. Each connection 
 deadline for its whole request, its head a size limit, and the process a cap on open
 connections beyond which the oldest is closed (issue 28).
 
-Imports: errors, the standard library.
+Imports: errors, following, the standard library.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ipaddress import ip_address
 from typing import Any
 
 from ipvsproxy.errors import ConfigError
+from ipvsproxy.following import Following
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,15 @@ class Health:
     then /healthz's answer. kube-proxy's /healthz is 200 while it starts ("healthy while
     starting up"), right for a load balancer's health check and wrong for a readiness that
     a migration waits on before removing kube-proxy's rules. `waiting()` says why it is
-    not ready yet (in the body, for `cleanup --kube-proxy` to name)."""
+    not ready yet (in the body, for `cleanup --kube-proxy` to name).
+
+    `following` (the watchers' reads, `ipvsproxy.following`): while a resource cannot be
+    read, every answer's body says so (`api`); past its bound, /readyz is 503 too ("this node
+    is served" no longer holds: it does not follow changes), while /healthz and /livez keep
+    kube-proxy's meaning (the rules in place still serve traffic, a load balancer keeps
+    sending it; a restart would not mend a refused token). A full pass tells `following`
+    that the node was served (the bound counts from the first) and every pass lets it check
+    the bound."""
 
     def __init__(
         self,
@@ -107,8 +116,10 @@ class Health:
         timeout: float,
         clock: Callable[[], float] = time.time,
         on_answer: Callable[[str, int], None] | None = None,
+        following: Following | None = None,
     ) -> None:
         self.timeout = timeout
+        self._following = following
         self._clock = clock
         self._on_answer = on_answer
         self._lock = threading.Lock()
@@ -131,6 +142,9 @@ class Health:
             self._updated = self._clock()
             self._queued = None
             self._served = self._served or full
+            served = self._served
+        if self._following is not None:  # the first served pass starts the bound; checked
+            (self._following.served if served else self._following.check)()
 
     def use_backend(self, detail: Mapping[str, object]) -> None:
         """The backend chosen (its name, why, what it lacks): shown in every answer's body."""
@@ -170,6 +184,15 @@ class Health:
         }
         if queued is not None:
             body["oldestPendingQueued"] = _iso(queued)
+        unread = self._following.unread() if self._following is not None else None
+        if unread is not None:
+            body["api"] = {
+                "following": not unread.stale,
+                "resource": unread.kind,
+                "unreadSeconds": round(unread.seconds, 1),
+                "lastRead": _iso(unread.last_read),
+                "error": unread.error,
+            }
         return healthy, body
 
     def healthz(self) -> Headed:
@@ -187,7 +210,9 @@ class Health:
         healthy, body = self.status()
         with self._lock:
             eligible, served, waiting = self._eligible, self._served, self._waiting
-        ready = served and healthy and eligible
+        api = body.get("api")
+        following = not isinstance(api, dict) or bool(api["following"])
+        ready = served and healthy and eligible and following
         body = {**body, "nodeEligible": eligible, "healthy": healthy and eligible}
         body["ready"] = ready
         if not served:

@@ -96,6 +96,8 @@ class ApiServer:
     ) -> None:
         self.host = host
         self.token = token
+        # accepted beside `token`: a rotation's moment when the old and the new are both valid
+        self.also_accepted: set[str | None] = set()
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self._ca = trustme.CA()
@@ -437,7 +439,8 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            authorized = _bearer(self.headers.get("Authorization")) == api.token
+            bearer = _bearer(self.headers.get("Authorization"))
+            authorized = bearer == api.token or bearer in api.also_accepted
             api.requests.append((url.path, "ok" if authorized else "denied", query))
             resource = _resource(url.path, query)
             if not authorized:

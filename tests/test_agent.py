@@ -533,3 +533,103 @@ def test_the_source_in_words_names_the_api_server_in_use():
         "Kubernetes API at https://10.0.0.1:6443 via kc"
     )
     assert describe_source(Cluster()) == "Kubernetes API via in-cluster or default kubeconfig"
+
+
+def _metric(port: int, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+def test_a_rotated_token_is_followed_and_a_refused_one_said_once_past_two_sync_periods(
+    host, tmp_path, caplog
+):
+    """Issue 46: the kubeadm overlay's kubeconfig names the Pod's token file; rewritten under
+    the running agent, with the old token refused, the node keeps following. A token the
+    server refuses for good (the file not rotated) is said once past 2 sync periods: a
+    warning, ipvsproxy_api_stale, /readyz 503 with the detail, /healthz 200 (kube-proxy's);
+    the file rotated again, the node follows again."""
+    import json
+
+    from ipvsproxy.agent import Cluster
+    from tests.kubeapi import ApiServer
+    from tests.support import eventually, free_port
+
+    api = ApiServer(token="first").start()
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    doc = json.loads(kubeconfig.read_text())
+    doc["users"][0]["user"] = {"tokenFile": str(token)}
+    kubeconfig.write_text(json.dumps(doc))
+    api.put(node("node-a"))
+    api.put(service("web", cluster_ips=("10.96.0.10",)))
+    health, metrics = free_port(), free_port()
+    config = Config(
+        node_name="node-a",
+        min_sync_period=0.0,
+        sync_period=1.0,  # the bound: 2 s
+        healthz_bind_address=("127.0.0.1", health),
+        metrics_bind_address=("127.0.0.1", metrics),
+    )
+    stop = threading.Event()
+    caplog.set_level(logging.INFO, logger="ipvsproxy")
+    run = threading.Thread(
+        target=agent.run, args=(config,), kwargs={"source": Cluster(kubeconfig), "stop": stop}
+    )
+    run.start()
+
+    def rotate(value: str) -> None:
+        (tmp_path / "token.new").write_text(value + "\n")
+        (tmp_path / "token.new").replace(token)
+
+    def vips() -> set[str]:
+        return {str(key.address) for key in host.kernel.state.services}
+
+    try:
+        eventually(lambda: _get(health, "/readyz")[0] == 200, 60, "/readyz turns 200")
+        # as a rotation goes: the new token valid at once, the old one refused afterwards
+        api.also_accepted = {"second"}
+        rotate("second")
+        api.token, api.also_accepted = "second", set()  # the first is refused from now on
+        api.end_watches()  # every watch asks again, with whatever token it has
+        api.put(service("db", cluster_ips=("10.96.0.11",)))
+        eventually(lambda: "10.96.0.11" in vips(), 30, "the new Service is followed")
+        assert "denied" not in [ok for _, ok, _ in api.requests], [
+            (i, p, q) for i, (p, ok, q) in enumerate(api.requests) if ok != "ok"
+        ]
+        assert _metric(metrics, "ipvsproxy_api_stale") == 0
+
+        api.token = "revoked"  # refused for good: the file is not rotated
+        api.end_watches()
+        api.put(service("cache", cluster_ips=("10.96.0.12",)))
+        eventually(lambda: _get(health, "/readyz")[0] == 503, 60, "/readyz turns 503")
+        code, body = _get(health, "/healthz")
+        assert code == 200, body  # kube-proxy's meaning: the rules in place serve traffic
+        assert body["api"]["following"] is False
+        assert "401" in body["api"]["error"]
+        assert body["api"]["unreadSeconds"] >= 2
+        assert _get(health, "/readyz")[1]["api"]["following"] is False
+        assert _metric(metrics, "ipvsproxy_api_stale") == 1
+        assert _metric(metrics, "ipvsproxy_api_unread_seconds") >= 2
+        assert "10.96.0.12" not in vips()
+        time.sleep(1.5)  # more passes and retries: still one warning per resource
+        stale = [m for m in caplog.messages if m.startswith("API: ") and "not read for" in m]
+        assert len(stale) == len({m.split("s not read")[0] for m in stale}), stale
+        assert any(m.startswith("API: Services not read for") for m in stale), stale
+
+        rotate("revoked")
+        eventually(lambda: _get(health, "/readyz")[0] == 200, 60, "/readyz 200 again")
+        eventually(lambda: "10.96.0.12" in vips(), 30, "the change made meanwhile arrives")
+        assert _metric(metrics, "ipvsproxy_api_stale") == 0
+        assert "api" not in _get(health, "/healthz")[1]
+        (again,) = [m for m in caplog.messages if m.startswith("API: Services read again after")]
+        assert int(again.removeprefix("API: Services read again after ").rstrip("s")) >= 2
+    finally:
+        stop.set()
+        run.join(30)
+        api.stop()
+    assert not run.is_alive()

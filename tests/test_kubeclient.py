@@ -686,7 +686,7 @@ class Certs:
 
     def __init__(self, cert: str | None, key: str | None) -> None:
         self.cert_file, self.key_file = cert, key
-        self.refresh_api_key_hook = None
+        self.refresh_api_key_hook: Any = None
         self.api_key: dict[str, str] = {}
         self.api_key_prefix: dict[str, str] = {}
 

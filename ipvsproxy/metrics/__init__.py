@@ -44,6 +44,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ipvsproxy.following import Unread
 from ipvsproxy.kernel import ApplyReport, Plan
 from ipvsproxy.metrics.service_traffic import ServiceTraffic
 from ipvsproxy.model import Traffic, VSKey
@@ -195,6 +196,18 @@ class Metrics:
             ["resource", "reason"],
             registry=r,
         )
+        self.api_unread = Gauge(
+            "ipvsproxy_api_unread_seconds",
+            "Seconds the resource unread the longest has not been read from the API server "
+            "while its watch fails (0 while every watch works)",
+            registry=r,
+        )
+        self.api_stale = Gauge(
+            "ipvsproxy_api_stale",
+            "1 while a resource has not been read from the API server for longer than 2 sync "
+            "periods after the first full pass: the node does not follow changes",
+            registry=r,
+        )
 
         self.rest_requests = Counter(
             "rest_client_requests",
@@ -237,6 +250,13 @@ class Metrics:
         for registered in (collector, dropped, errors):
             self.registry.register(registered)
         return collector
+
+    def following(self, unread: Callable[[], Unread | None]) -> None:
+        """Whether this node follows the API (`ipvsproxy.following`), read at every scrape:
+        for how long the resource unread the longest has not been read (0 while every
+        watch works), and whether that is past the bound (the node does not follow)."""
+        self.api_unread.set_function(lambda: (u := unread()) and u.seconds or 0.0)
+        self.api_stale.set_function(lambda: 1.0 if (u := unread()) and u.stale else 0.0)
 
     def pending(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """kube-proxy's *_changes_pending gauges, read from `counts` (changes by kind not
