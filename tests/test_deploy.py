@@ -49,9 +49,11 @@ KUSTOMIZATIONS = {
     "base": DEPLOY / "base",
     "standalone": DEPLOY / "overlays" / "standalone",
     "kubeadm": DEPLOY / "overlays" / "kubeadm",
+    "kubeadm-all-nodes": DEPLOY / "overlays" / "kubeadm-all-nodes",  # the migration's end
     "monitoring": DEPLOY / "monitoring",
 }
-AGENTS = ("deploy", "base", "standalone", "kubeadm")  # the kustomizations with a DaemonSet
+AGENTS = ("deploy", "base", "standalone", "kubeadm", "kubeadm-all-nodes")  # with a DaemonSet
+KUBEADM = ("kubeadm", "kubeadm-all-nodes")  # configured by a kubeadm kube-proxy ConfigMap
 KUBERNETES = "1.36.0"  # the schemas kubernetes-validate ships closest to the tested API
 CRD_KINDS = {"PodMonitor", "PrometheusRule"}  # the Prometheus Operator's: no core schema
 IMAGE = "localhost/ipvsproxy:0.1.0"
@@ -309,6 +311,26 @@ def test_kubeadm_reads_kubeadms_kube_proxy_configmap_and_configures_nothing_twic
     assert config["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
 
 
+def test_the_end_state_is_the_kubeadm_overlay_on_every_node_on_ipvsproxys_own_configmap():
+    """deploy/overlays/kubeadm-all-nodes (docs/migration.md, step 4): no label or affinity
+    limits its nodes, it mounts ipvsproxy's copy of kubeadm's ConfigMap where the kubeadm
+    overlay mounts kubeadm's, and every other field of every object is the kubeadm overlay's."""
+    end, kubeadm = rendered("kubeadm-all-nodes"), rendered("kubeadm")
+    spec = pod_spec("kubeadm-all-nodes")
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "affinity" not in spec
+    assert {"operator": "Exists"} in spec["tolerations"]  # tainted nodes too
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["kube-proxy"]["configMap"] == {"name": "ipvsproxy-config"}
+    assert "ConfigMap" not in {o["kind"] for o in end}  # the copy is the operator's object
+    daemonset = by_kind("DaemonSet", kubeadm)
+    template = daemonset["spec"]["template"]["spec"]
+    del template["nodeSelector"]["ipvsproxy.io/proxy"]
+    (volume,) = [v for v in template["volumes"] if v["name"] == "kube-proxy"]
+    volume["configMap"]["name"] = "ipvsproxy-config"
+    assert end == kubeadm
+
+
 def test_the_monitoring_kustomization_ships_the_dashboard_for_grafanas_sidecar():
     found = rendered("monitoring")
     assert sorted(o["kind"] for o in found) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
@@ -378,7 +400,7 @@ def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp
     config, source = run_as_the_daemonset(name, monkeypatch, mounted)
     assert config.node_name == "node-a"
     assert config.healthz_bind_address == ("0.0.0.0", 10256)
-    if name == "kubeadm":  # kubeadm's kubeconfig.conf: its control-plane endpoint
+    if name in KUBEADM:  # kubeadm's kubeconfig.conf: its control-plane endpoint
         assert source == agent.Cluster(Path("/var/lib/kube-proxy/kubeconfig.conf"), None)
     else:
         data = by_kind("ConfigMap", found)["data"]
@@ -479,7 +501,7 @@ def test_the_init_containers_flags_are_valid_for_ipvsproxy_prepare(name, monkeyp
     monkeypatch.setattr(agent, "prepare_host", lambda config: seen.setdefault("c", config) and [])
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert seen["c"].scheduler == ("lc" if name == "kubeadm" else "rr")
+    assert seen["c"].scheduler == ("lc" if name in KUBEADM else "rr")
 
 
 # ---- kubectl apply -f / -k, against a discovery-only server ---------------------------------
