@@ -276,3 +276,30 @@ def test_a_certificate_that_cannot_be_loaded_is_one_line(tmp_path):
     assert "\n" not in str(caught.value)
     with pytest.raises(ConfigError, match="No such file"):
         server_context(tmp_path / "missing.crt", tmp_path / "tls.key")
+
+
+# ---- the agent's wiring -----------------------------------------------------------------
+
+
+def test_the_agents_secure_port_refuses_without_a_token_and_serves_the_agents_metrics(
+    api, tmp_path
+):
+    from ipvsproxy.agent import Cluster, Manifests, _serve_secure_metrics
+    from ipvsproxy.config import Config
+    from ipvsproxy.metrics import Metrics
+    from tests.support import free_port
+
+    port = free_port()
+    config = Config(node_name="node-a", secure_metrics_bind_address=("127.0.0.1", port))
+    source = Cluster(api.write_kubeconfig(tmp_path / "kc"))
+    close = _serve_secure_metrics(config, source, Metrics())
+    try:
+        assert _get(port)[0] == 401
+        assert _get(port, "other-token")[0] == 403
+        status, body, _ = _get(port, "prom-token")
+        assert status == 200
+        assert b"ipvsproxy_build_info{" in body
+    finally:
+        close()
+    with pytest.raises(ConfigError, match="not with --manifests"):
+        _serve_secure_metrics(config, Manifests((tmp_path / "m.yaml",)), Metrics())
