@@ -39,7 +39,7 @@ from ipvsproxy.backends import (
     remove_leftovers,
 )
 from ipvsproxy.config import Config
-from ipvsproxy.errors import IpvsproxyError, KernelError
+from ipvsproxy.errors import ConfigError, IpvsproxyError, KernelError
 from ipvsproxy.following import Following, Unread
 from ipvsproxy.model import IPAddress, VSKey
 from ipvsproxy.proxier import PassPlan, PassResult, Proxier
@@ -407,6 +407,9 @@ class Agent:
             following=self._following,
         )
         stack.callback(close_source)
+        # the secure metrics port before the node is touched: a certificate that cannot be
+        # loaded is a ConfigError with the node as it was
+        stack.callback(_serve_secure_metrics(config, self.source, metrics))
         stack.callback(self._stopped.set)  # the watchers end with the agent, whatever stops it
         # The lists go out now, while the node is prepared: reading the API and preparing
         # the node overlap, and the first pass starts as soon as both are done.
@@ -611,6 +614,57 @@ def _serve_metrics(
     if status is not None:
         routes[STATUS_PATH] = status if config.status_remote else LoopbackOnly(status)
     return HttpServer(config.metrics_bind_address, routes).start()
+
+
+SECURE_REQUEST_TIMEOUT = 10.0  # seconds for a request on the secure port: its reviews (5 s each
+# at most, most answered from the cache) and the answer (Prometheus' scrape timeout is 10 s)
+
+
+def _serve_secure_metrics(config: Config, source: Source, metrics: Metrics) -> Callable[[], None]:
+    """The secure metrics port (--secure-metrics-bind-address; docs/monitoring.md): /metrics
+    over HTTPS to a client whose bearer token a TokenReview authenticates and whose user a
+    SubjectAccessReview allows to get /metrics (delegation.py), reviewed with the agent's
+    own credentials on a client of its own (a review never waits behind a list). What
+    closes it (nothing to close when off)."""
+    address = config.secure_metrics_bind_address
+    if address is None:
+        return lambda: None
+    if not isinstance(source, Cluster):
+        raise ConfigError(
+            "--secure-metrics-bind-address needs the Kubernetes API (each request is reviewed "
+            "there): not with --manifests"
+        )
+    from ipvsproxy import kube
+    from ipvsproxy.delegation import Delegation
+    from ipvsproxy.serve import HttpServer, Protected
+    from ipvsproxy.servingcert import server_context
+
+    names = [config.node_name] + ([] if address[0] in ("0.0.0.0", "::") else [address[0]])
+    tls = server_context(config.tls_cert_file, config.tls_private_key_file, names=names)
+    client = kube.connect(
+        kubeconfig=source.kubeconfig, context=source.context, master=source.master,
+        origin=source.origin, observe=metrics.api_request,
+    )  # fmt: skip
+    check = Delegation(kube.reviewer(client)).check
+
+    def render() -> tuple[int, str, bytes]:
+        return 200, "text/plain; version=0.0.4; charset=utf-8", metrics.render()
+
+    try:
+        server = HttpServer(
+            address, {"/metrics": Protected(render, check)},
+            request_timeout=SECURE_REQUEST_TIMEOUT, tls=tls,
+        ).start()  # fmt: skip
+    except BaseException:
+        client.close()
+        raise
+    log.info("secure metrics: https://%s:%d/metrics (TokenReview, SubjectAccessReview)", *address)
+
+    def close() -> None:
+        server.close()
+        client.close()
+
+    return close
 
 
 def _serve_health(config: Config, health: Health) -> HttpServer:

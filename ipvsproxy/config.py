@@ -13,6 +13,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 from ipaddress import ip_network
+from pathlib import Path
 
 from ipvsproxy.backoff import Backoff
 from ipvsproxy.errors import ConfigError
@@ -80,6 +81,11 @@ class Config:
     service_metrics_max_series: int = DEFAULT_SERVICE_METRICS_MAX_SERIES
     # /status to clients on other hosts too (off: the node's loopback only)
     status_remote: bool = False
+    # /metrics over HTTPS with delegated authentication and authorization (delegation.py);
+    # None: off. The pair, or None for a self-signed one made at start (servingcert.py)
+    secure_metrics_bind_address: tuple[str, int] | None = None
+    tls_cert_file: Path | None = None
+    tls_private_key_file: Path | None = None
 
     @property
     def retry(self) -> Backoff:

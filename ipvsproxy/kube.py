@@ -1,9 +1,11 @@
 """The Kubernetes API source: list, then watch, Services, EndpointSlices and this node's Node.
 
 Owns: `connect()` (kubeconfig / in-cluster / default location → an API client, from
-`ipvsproxy.kubeclient`) and `Watcher` (one resource's list-then-watch loop feeding a
-`Tracker`). With `ipvsproxy.kubeclient` the only user of the `kubernetes` client: its objects
-never leave these two modules; the tracker gets raw JSON dicts.
+`ipvsproxy.kubeclient`), `reviewer()` (the secure metrics port's TokenReview and
+SubjectAccessReview creates, for `ipvsproxy.delegation`) and `Watcher` (one resource's
+list-then-watch loop feeding a `Tracker`). With `ipvsproxy.kubeclient` the only user of the
+`kubernetes` client: its objects never leave these two modules; the tracker gets raw JSON
+dicts.
 
 The watch loop is three small layers (after kopf's watching.py):
 - `Watcher.run()` never returns until stopped: it runs `step()` after `step()`, retrying a
@@ -644,3 +646,38 @@ def _status_message(exc: ApiException) -> str:
     except (ValueError, AttributeError, RecursionError):
         message = str(exc.reason)
     return _printable(message)
+
+
+REVIEW_SECONDS = 5.0  # one TokenReview or SubjectAccessReview, all in (a scrape times out at 10)
+MAX_REVIEW_BYTES = 64 * 1024  # a review's answer: a few hundred bytes
+
+
+def reviewer(api: Any, *, seconds: float = REVIEW_SECONDS) -> Callable[[str, dict[str, Any]], Any]:
+    """What creates a review on the API server (`delegation.Delegation`'s `review`): POST the
+    object, the created object back (201); anything else (no connection, a timeout, another
+    status, a body that is not a JSON object or over MAX_REVIEW_BYTES) is one
+    `ApiUnavailable` line. Bounded by `seconds` in all (`Deadline`), whatever the server
+    does."""
+
+    def review(path: str, body: dict[str, Any]) -> Any:
+        try:
+            with Deadline(seconds):
+                response = api.post(path, body, timeout=(seconds, seconds))
+                try:
+                    data = _read_body(response.response, MAX_REVIEW_BYTES)
+                finally:
+                    response.response.close()
+                    response.response.release_conn()
+        except Exception as exc:  # urllib3's, ssl's, the socket's, a body over its cap
+            raise ApiUnavailable(f"POST {path}: {_one_line(exc)}") from exc
+        if response.status != 201:
+            raise ApiUnavailable(f"POST {path}: HTTP {response.status}")
+        try:
+            created = json.loads(data)
+        except ValueError as exc:
+            raise ApiUnavailable(f"POST {path}: not JSON") from exc
+        if not isinstance(created, dict):
+            raise ApiUnavailable(f"POST {path}: not an object")
+        return created
+
+    return review

@@ -1,8 +1,9 @@
-"""The API client: the `kubernetes` library's configuration, and plain GETs through its HTTP layer.
+"""The API client: the `kubernetes` library's configuration, plain requests through its HTTP layer.
 
 Owns `client()`, which configures the library from a kubeconfig file (as `load_kube_config`) or
 from the Pod's service account (`load_incluster_config`) and maps any failure to one
-`ConfigError` line, and `Client`, which sends GETs through the library's `RESTClientObject`
+`ConfigError` line, and `Client`, which sends GETs (and the POSTs of the secure metrics port's
+token and access reviews) through the library's `RESTClientObject`
 (TLS, client certificates, proxy, the connection pool: all from the `Configuration`). It
 re-exports the other library piece `ipvsproxy.kube` needs (`ApiException`; watch streams are
 split into lines by `ipvsproxy.kube` itself, with a cap on a line's length).
@@ -203,7 +204,7 @@ def _signature(path: str) -> tuple[int, int, int, int] | None:
 
 
 class Client:
-    """GETs from the API server, as the generated API classes send them."""
+    """GETs (and POSTs) to the API server, as the generated API classes send them."""
 
     def __init__(
         self,
@@ -230,16 +231,25 @@ class Client:
         if pairs:
             url += "?" + urlencode(pairs, quote_via=quote, safe="/")
         watch = ("watch", "true") in pairs
-        response = self._send(url, timeout=timeout, watch=watch)
+        response = self._send("GET", url, timeout=timeout, timed=not watch)
         if response.status not in (401, 403):
             return response
         _discard(response)
         log.debug("GET %s: %s; reading the credentials again", path, response.status)
         self.credentials.reload()
-        return self._send(url, timeout=timeout, watch=watch)
+        return self._send("GET", url, timeout=timeout, timed=not watch)
 
-    def _send(self, url: str, *, timeout: Any, watch: bool) -> Any:
+    def post(self, path: str, body: dict[str, Any], *, timeout: Any = None) -> Any:
+        """The `RESTResponse` of POST `path` with the JSON `body` (a TokenReview, a
+        SubjectAccessReview: objects the API creates and answers, never stores)."""
+        return self._send("POST", self.configuration.host + path, body=body, timeout=timeout)
+
+    def _send(
+        self, method: str, url: str, *, body: Any = None, timeout: Any, timed: bool = True
+    ) -> Any:
         headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+        if body is not None:
+            headers["Content-Type"] = "application/json"  # the library sends it as JSON
         for auth in self.configuration.auth_settings().values():  # runs the refresh hook
             if auth["in"] == "header" and auth["value"]:
                 # strip: the library keeps a token file's trailing newline, which no header
@@ -248,12 +258,13 @@ class Client:
         started = time.monotonic()
         try:
             response = self._rest.request(  # type: ignore[no-untyped-call]
-                "GET", url, headers=headers, _request_timeout=timeout
+                method, url, headers=headers, body=body, _request_timeout=timeout
             )
         except Exception:
-            self._observe("GET", self._host, "<error>", None if watch else _since(started))
+            self._observe(method, self._host, "<error>", _since(started) if timed else None)
             raise
-        self._observe("GET", self._host, str(response.status), None if watch else _since(started))
+        seconds = _since(started) if timed else None
+        self._observe(method, self._host, str(response.status), seconds)
         return response
 
     def close(self) -> None:

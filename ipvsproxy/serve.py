@@ -3,8 +3,8 @@
 Owns: `Health` (kube-proxy's meaning: unhealthy when a queued sync has not completed within
 2 x the sync period; /healthz also when this node is not eligible; /readyz also until the
 first full pass has completed: "this node is served"), `HttpServer` (a small event-driven
-server for a few fixed routes, or any path; a route may be `LoopbackOnly`), and
-`parse_bind_address`.
+server for a few fixed routes, or any path, over TCP or TLS; a route may be `LoopbackOnly`, or
+`Protected` by a check of the request's `Authorization` header), and `parse_bind_address`.
 
 Every `HttpServer` of the process (the health and metrics ports, every health-check node
 port) runs on one asyncio event loop in one daemon thread: a client costs a descriptor and a
@@ -25,6 +25,7 @@ import json
 import logging
 import resource
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -65,6 +66,17 @@ class LoopbackOnly:
     on a port that also serves others (the metrics port, scraped from other hosts)."""
 
     route: Route | InThread
+
+
+@dataclass(frozen=True, slots=True)
+class Protected:
+    """A route answered only when `check` (given the request's `Authorization` header, None
+    without one) returns None; otherwise the refusal `check` returns. The check and the
+    route run in the worker thread (as an `InThread` route), never the event loop: it may
+    ask the API server (`delegation.Delegation.check`, the secure metrics port)."""
+
+    route: Route | InThread
+    check: Callable[[str | None], Headed | None]
 
 
 FORBIDDEN: Headed = (
@@ -280,16 +292,18 @@ class HttpServer:
     def __init__(
         self,
         address: tuple[str, int],
-        routes: Mapping[str, Route | InThread | LoopbackOnly],
+        routes: Mapping[str, Route | InThread | LoopbackOnly | Protected],
         *,
         request_timeout: float = 5.0,
         max_head: int = MAX_HEAD,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if request_timeout <= 0 or max_head < 64:
             raise ValueError(
                 f"need request_timeout > 0 ({request_timeout}) and max_head >= 64 ({max_head})"
             )
         self._routes = dict(routes)
+        self.tls = tls  # HTTPS: each connection's handshake within its one deadline
         self.request_timeout = request_timeout
         self.max_head = max_head
         self._sock = _listen(address)
@@ -348,10 +362,16 @@ class HttpServer:
         self._loop.remove_reader(fd)
         self._loop.call_later(0.1, lambda: self._loop and self._loop.add_reader(fd, self._accept))
 
-    def answer(self, method: str, target: str, peer: str = "127.0.0.1") -> Headed | InThread:
-        """The reply to one request from `peer` (the client's address), computed in the
-        event loop's thread, or the route that computes it in the worker thread
-        (`InThread`)."""
+    def answer(
+        self,
+        method: str,
+        target: str,
+        peer: str = "127.0.0.1",
+        headers: Mapping[str, str] | None = None,
+    ) -> Headed | InThread:
+        """The reply to one request from `peer` (the client's address; `headers` by lower-case
+        name), computed in the event loop's thread, or the route that computes it in the
+        worker thread (`InThread`)."""
         if method not in ("GET", "HEAD"):
             return 501, "text/plain", b"not implemented\n", {}
         route = self._routes.get(target.split("?", 1)[0]) or self._routes.get("*")
@@ -361,9 +381,22 @@ class HttpServer:
             if not is_loopback(peer):
                 return FORBIDDEN
             route = route.route
+        if isinstance(route, Protected):
+            inner = route.route
+            answer = _bound(inner, target) if isinstance(inner, InThread) else inner
+            authorization = (headers or {}).get("authorization")
+            return InThread(functools.partial(_checked, route.check, authorization, answer))
         if isinstance(route, InThread):
             return route
         return call(route, target)
+
+
+def _checked(
+    check: Callable[[str | None], Headed | None], authorization: str | None, route: Route
+) -> Response | Headed:
+    """In the worker thread: the refusal of `check`, else the answer of `route`."""
+    refusal = check(authorization)
+    return route() if refusal is None else refusal
 
 
 def _bound(answer: InThread, target: str) -> Route:
@@ -443,13 +476,17 @@ class _Connection:
 
     def __init__(self, server: HttpServer, sock: socket.socket, peer: str) -> None:
         self.server = server
+        sock.setblocking(False)
+        # TLS: the handshake is driven by `readable` (and `writable` while it must write)
+        self.handshaking = server.tls is not None
+        if server.tls is not None:
+            sock = server.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer  # the client's address
         self.head = bytearray()
         self.out = memoryview(b"")
         self.closed = False
-        sock.setblocking(False)
         loop = self.loop = asyncio.get_running_loop()
         self.deadline = loop.call_later(server.request_timeout, self.close)
         server.open.add(self)
@@ -457,9 +494,13 @@ class _Connection:
         loop.add_reader(self.fd, self.readable)
 
     def readable(self) -> None:
+        if self.handshaking and not self.handshake():
+            return
         try:
             data = self.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
+            while isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+                data += self.sock.recv(4096)  # decrypted already: no readiness will say so
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
             data = b""
@@ -474,14 +515,41 @@ class _Connection:
         elif end >= 0:
             self.request(bytes(self.head[:end]))
 
+    def handshake(self) -> bool:
+        """One step of the TLS handshake; True once it is done. A client that is not
+        speaking TLS (or fails it) is closed."""
+        assert isinstance(self.sock, ssl.SSLSocket)
+        try:
+            self.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.loop.remove_writer(self.fd)
+            self.loop.add_reader(self.fd, self.readable)
+            return False
+        except ssl.SSLWantWriteError:
+            self.loop.remove_reader(self.fd)
+            self.loop.add_writer(self.fd, self.readable)
+            return False
+        except (OSError, ValueError):
+            self.close()
+            return False
+        self.handshaking = False
+        self.loop.remove_writer(self.fd)
+        self.loop.add_reader(self.fd, self.readable)
+        return True
+
     def request(self, head: bytes) -> None:
-        line = head.split(b"\n", 1)[0].rstrip(b"\r").decode("latin-1")
-        parts = line.split()
+        lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
+        parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             self.reply("GET", (400, "text/plain", b"bad request\n", {}))
             return
         method, target, _ = parts
-        answer = self.server.answer(method, target, self.peer)
+        headers = {}
+        for field in lines[1:]:
+            name, sep, value = field.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        answer = self.server.answer(method, target, self.peer, headers)
         if not isinstance(answer, InThread):
             self.reply(method, answer)
             return
@@ -525,7 +593,7 @@ class _Connection:
         """Sends what it can; True while some is left (the deadline still runs)."""
         try:
             sent = self.sock.send(self.out)
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             sent = 0
         except OSError:
             self.close()

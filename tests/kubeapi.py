@@ -11,6 +11,11 @@ the way kube-apiserver does (checked against ../shared/api-captures from v1.36.2
   events; `allowWatchBookmarks` gives BOOKMARK events (also just before a timeout ends the
   stream); `timeoutSeconds` ends the stream cleanly; a resourceVersion older than the last
   compaction gets HTTP 200 with one ERROR event, Status 410 Expired;
+- TokenReview (authentication.k8s.io/v1) and SubjectAccessReview (authorization.k8s.io/v1)
+  creates, as kube-apiserver answers them: 201 Created, the request's object with `status`
+  filled (`authenticated` + `user`, `allowed` + `reason`); `reviewed_tokens` maps a token to
+  its user ({"username", "uid", "groups"}), `allowed_users` names who may GET a
+  nonResourceURL (username -> set of paths); 400 for a body that is not the kind;
 - test controls: `put()` (create or replace), `delete()`, `compact()`, `end_watches()`,
   `whole_lists` (an Event: cleared, the whole lists of Services and slices wait),
   `stop()` (connections dropped as by a crash) and `start()` again on the same port, plus a
@@ -123,8 +128,50 @@ class ApiServer:
         # no selector) wait until it is set again, as a large cluster's lists take a while
         self.whole_lists = threading.Event()
         self.whole_lists.set()
+        # the reviews' answers (TokenReview, SubjectAccessReview), and their count by kind
+        self.reviewed_tokens: dict[str, dict[str, Any]] = {}
+        self.allowed_users: dict[str, set[str]] = {}
+        self.reviews: dict[str, int] = {"TokenReview": 0, "SubjectAccessReview": 0}
         self._http: _Server | None = None
         self.port = 0
+
+    def create(self, path: str, authorization: str | None, data: bytes) -> tuple[int, Any]:
+        """A POST: 201 and the review answered, 401 for a wrong token, 404 for another path,
+        400 for a body that is not the review's kind."""
+        authorized = _bearer(authorization) == self.token
+        self.requests.append((path, "ok" if authorized else "denied", {}))
+        if not authorized:
+            return 401, status(401, "Unauthorized", "Unauthorized")
+        kind = REVIEWS.get(path)
+        if kind is None:
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
+        try:
+            body = json.loads(data or b"null")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or body.get("kind") != kind:
+            return 400, status(400, "BadRequest", f"the body is not a {kind}")
+        self.reviews[kind] += 1
+        return 201, self.review(kind, body)
+
+    def review(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The created review: the request's object with its `status`, as the API answers."""
+        spec = body.get("spec") or {}
+        answer = {**body, "metadata": {"creationTimestamp": None}}
+        if kind == "TokenReview":
+            user = self.reviewed_tokens.get(spec.get("token", ""))
+            if user is None:
+                answer["status"] = {"user": {}, "error": "[invalid bearer token]"}
+            else:
+                answer["status"] = {"authenticated": True, "user": user, "audiences": []}
+            return answer
+        attrs = spec.get("nonResourceAttributes") or {}
+        paths = self.allowed_users.get(spec.get("user", ""), set())
+        if attrs.get("verb") == "get" and attrs.get("path") in paths:
+            answer["status"] = {"allowed": True, "reason": "RBAC: allowed by ClusterRoleBinding"}
+        else:
+            answer["status"] = {"allowed": False}
+        return answer
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -432,8 +479,21 @@ class _Server(ThreadingHTTPServer):
             conn.close()
 
 
+class _Creates(BaseHTTPRequestHandler):
+    """POSTs: the reviews' creates (`ApiServer.create`)."""
+
+    api: ApiServer
+
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        data = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._json(*self.api.create(self.path, self.headers.get("Authorization"), data))
+
+    def _json(self, code: int, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
 def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_Creates):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
@@ -480,7 +540,14 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+    Handler.api = api
     return Handler
+
+
+REVIEWS = {
+    "/apis/authentication.k8s.io/v1/tokenreviews": "TokenReview",
+    "/apis/authorization.k8s.io/v1/subjectaccessreviews": "SubjectAccessReview",
+}
 
 
 def _resource(path: str, query: dict[str, str]) -> str | None:

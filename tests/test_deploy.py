@@ -90,8 +90,14 @@ def objects() -> list[dict[str, Any]]:
     return found
 
 
-def by_kind(kind: str, found: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    (obj,) = [o for o in (objects() if found is None else found) if o["kind"] == kind]
+def by_kind(
+    kind: str, found: list[dict[str, Any]] | None = None, *, name: str | None = None
+) -> dict[str, Any]:
+    (obj,) = [
+        o
+        for o in (objects() if found is None else found)
+        if o["kind"] == kind and name in (None, o["metadata"]["name"])
+    ]
     return obj
 
 
@@ -121,7 +127,9 @@ def test_there_is_a_manifest_for_every_object_a_deployment_needs():
     kinds = sorted(o["kind"] for o in objects())
     assert kinds == [
         "ClusterRole",
+        "ClusterRole",  # ipvsproxy:metrics-reader, for scrapers
         "ClusterRoleBinding",
+        "ClusterRoleBinding",  # ipvsproxy:auth-delegator, for the secure metrics port
         "ConfigMap",
         "DaemonSet",
         "Namespace",
@@ -139,7 +147,7 @@ def test_every_object_deserialises_into_the_typed_model_without_unknown_fields(o
 
 
 def test_rbac_grants_exactly_get_list_watch_on_services_endpointslices_nodes():
-    role = by_kind("ClusterRole")
+    role = by_kind("ClusterRole", name="ipvsproxy")
     granted = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -157,12 +165,39 @@ def test_rbac_grants_exactly_get_list_watch_on_services_endpointslices_nodes():
         for verb in ("get", "list", "watch")
     }
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
-    binding = by_kind("ClusterRoleBinding")
+    binding = by_kind("ClusterRoleBinding", name="ipvsproxy")
     account = by_kind("ServiceAccount")["metadata"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]
+
+
+def test_rbac_lets_the_agent_review_tokens_and_scrapers_get_metrics_and_nothing_more():
+    """The secure metrics port: the agent creates TokenReviews and SubjectAccessReviews
+    (system:auth-delegator, built in); a scraper bound to ipvsproxy:metrics-reader may get
+    /metrics and nothing else; the monitoring kustomization binds Prometheus to it."""
+    account = by_kind("ServiceAccount")["metadata"]
+    delegator = by_kind("ClusterRoleBinding", name="ipvsproxy:auth-delegator")
+    assert delegator["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+        "name": "system:auth-delegator",
+    }  # fmt: skip
+    assert delegator["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    reader = by_kind("ClusterRole", name="ipvsproxy:metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    found = rendered("monitoring")
+    binding = by_kind("ClusterRoleBinding", found)
+    assert binding["roleRef"]["name"] == "ipvsproxy:metrics-reader"
+    (scraper,) = binding["subjects"]
+    token = by_kind("Secret", found)
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert (
+        token["metadata"]["annotations"]["kubernetes.io/service-account.name"] == (scraper["name"])
+    )
+    assert token["metadata"]["namespace"] == scraper["namespace"] == "monitoring"
 
 
 def test_the_configmap_has_no_api_server_address_to_forget():
@@ -260,9 +295,9 @@ def test_daemonset_runs_with_host_network_and_few_capabilities(name):
     assert init["securityContext"] == {"privileged": True}
     mounts = {m["mountPath"]: m for m in init["volumeMounts"]}
     assert mounts["/lib/modules"]["readOnly"] is True
-    binding = by_kind("ClusterRoleBinding", found)
     account = by_kind("ServiceAccount", found)["metadata"]
-    assert binding["subjects"][0]["namespace"] == account["namespace"]
+    for binding in (o for o in found if o["kind"] == "ClusterRoleBinding"):
+        assert binding["subjects"][0]["namespace"] == account["namespace"]
 
 
 def test_the_base_runs_on_every_node_and_the_overlays_on_labelled_nodes():
@@ -290,7 +325,8 @@ def test_kubeadm_reads_kubeadms_kube_proxy_configmap_and_configures_nothing_twic
     assert container["args"] == [
         "run",
         "--config=/var/lib/kube-proxy/config.conf",
-        "--metrics-bind-address=0.0.0.0:10249",  # the one flag: config.conf's is loopback
+        "--metrics-bind-address=127.0.0.1:10249",  # whatever config.conf says
+        "--secure-metrics-bind-address=0.0.0.0:10263",  # the PodMonitor's port
     ]
     assert [e["name"] for e in container["env"]] == ["NODE_NAME"]  # no flag from elsewhere
     assert spec["initContainers"][0]["args"] == [
@@ -333,7 +369,9 @@ def test_the_end_state_is_the_kubeadm_overlay_on_every_node_on_ipvsproxys_own_co
 
 def test_the_monitoring_kustomization_ships_the_dashboard_for_grafanas_sidecar():
     found = rendered("monitoring")
-    assert sorted(o["kind"] for o in found) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    assert sorted(o["kind"] for o in found) == [
+        "ClusterRoleBinding", "ConfigMap", "PodMonitor", "PrometheusRule", "Secret"
+    ]  # fmt: skip
     dashboard = by_kind("ConfigMap", found)
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["metadata"]["name"] == "ipvsproxy-dashboard"  # no hash: no stale copies
@@ -347,6 +385,12 @@ def test_the_monitoring_kustomization_ships_the_dashboard_for_grafanas_sidecar()
     (endpoint,) = monitor["podMetricsEndpoints"]
     ports = {p["name"] for p in pod_spec("base")["containers"][0]["ports"]}
     assert endpoint["port"] in ports
+    # the secure port: HTTPS, the Prometheus ServiceAccount's token (scraper.yaml)
+    assert endpoint["scheme"] == "https"
+    assert endpoint["authorization"] == {
+        "type": "Bearer", "credentials": {"name": "ipvsproxy-scraper-token", "key": "token"}
+    }  # fmt: skip
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}  # self-signed at each start
     # the job kube-prometheus' KubeProxyDown and the mixin's proxy dashboard select
     assert {"action": "replace", "targetLabel": "job", "replacement": "kube-proxy"} in endpoint[
         "relabelings"
@@ -405,8 +449,9 @@ def test_the_daemonsets_flags_are_valid_for_ipvsproxy_run(name, monkeypatch, tmp
     else:
         data = by_kind("ConfigMap", found)["data"]
         assert str(config.service_cidrs[0]) == data["service-cidr"]
-        assert config.metrics_bind_address == ("0.0.0.0", 10249)  # for the PodMonitor
         assert source == agent.Cluster(None, None)  # in-cluster config
+    assert config.metrics_bind_address == ("127.0.0.1", 10249)  # kube-proxy's: loopback only
+    assert config.secure_metrics_bind_address == ("0.0.0.0", 10263)  # for the PodMonitor
 
 
 # kubeadm's config.conf as kubeadm v1.36.2 writes it (metricsBindAddress "", which kube-proxy
@@ -422,9 +467,10 @@ def test_every_agent_serves_metrics_where_the_podmonitor_scrapes(
     name, in_file, monkeypatch, tmp_path
 ):
     """The PodMonitor scrapes the Pod's IP (the node's: host network) at the container port
-    named by its endpoint: the agent must bind that port on every address, whatever the
-    kube-proxy ConfigMap's metricsBindAddress says, or nothing is scraped, IpvsproxyDown
-    fires, and kube-prometheus' KubeProxyDown once kube-proxy is gone."""
+    named by its endpoint: the agent must bind that port (the secure one) on every address,
+    whatever the kube-proxy ConfigMap's metricsBindAddress says, or nothing is scraped,
+    IpvsproxyDown fires, and kube-prometheus' KubeProxyDown once kube-proxy is gone; and the
+    plain port on the loopback only, whatever the file says (an operator's 0.0.0.0 too)."""
     config = yaml.safe_load(KUBEADM_CONFIG.read_text())
     config["metricsBindAddress"] = in_file
     mounted = tmp_path / "config.conf"
@@ -433,7 +479,8 @@ def test_every_agent_serves_metrics_where_the_podmonitor_scrapes(
     (endpoint,) = by_kind("PodMonitor", rendered("monitoring"))["spec"]["podMetricsEndpoints"]
     (container,) = pod_spec(name)["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert agent_config.metrics_bind_address == ("0.0.0.0", ports[endpoint["port"]])
+    assert agent_config.secure_metrics_bind_address == ("0.0.0.0", ports[endpoint["port"]])
+    assert agent_config.metrics_bind_address == ("127.0.0.1", 10249)
 
 
 # What kubespray writes into kubeadm's KubeProxyConfiguration with its defaults
@@ -477,7 +524,8 @@ def test_the_kubeadm_overlay_runs_on_kubesprays_kube_proxy_configmap(monkeypatch
     mounted.write_text(yaml.safe_dump(config))
     agent_config, source = run_as_the_daemonset("kubeadm", monkeypatch, mounted)
     assert agent_config.node_name == "node-a"
-    assert agent_config.metrics_bind_address == ("0.0.0.0", 10249)
+    assert agent_config.metrics_bind_address == ("127.0.0.1", 10249)
+    assert agent_config.secure_metrics_bind_address == ("0.0.0.0", 10263)
     assert agent_config.healthz_bind_address == ("0.0.0.0", 10256)
     assert str(agent_config.scheduler) == "rr"
     assert [str(c) for c in agent_config.cluster_cidrs] == ["10.233.64.0/18"]
@@ -511,6 +559,7 @@ RESOURCES = {  # group/version -> (plural, kind, namespaced): what the manifests
         ("namespaces", "Namespace", False),
         ("configmaps", "ConfigMap", True),
         ("serviceaccounts", "ServiceAccount", True),
+        ("secrets", "Secret", True),
     ],
     "apps/v1": [("daemonsets", "DaemonSet", True)],
     "rbac.authorization.k8s.io/v1": [

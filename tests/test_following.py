@@ -16,7 +16,9 @@ class Clock:
 
 
 def make(bound: float = 60.0) -> tuple[Following, Clock, list[Unread], list[tuple[str, float]]]:
-    clock, stale, recovered = Clock(), [], []
+    clock = Clock()
+    stale: list[Unread] = []
+    recovered: list[tuple[str, float]] = []
     following = Following(
         bound=bound,
         clock=clock,

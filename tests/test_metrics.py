@@ -576,3 +576,22 @@ def test_the_shipped_dashboards_metrics_are_in_a_scrape_after_a_sync():
     }
     used = {n for p in queried(dashboard()) for t in p["targets"] for n in metric_names(t["expr"])}
     assert used - eventful <= scraped_names(), used - eventful - scraped_names()
+
+
+def test_build_info_names_the_version_the_revision_the_image_recorded_and_python():
+    import platform
+
+    from ipvsproxy import __version__
+    from ipvsproxy.metrics import build_labels
+
+    assert build_labels({"IPVSPROXY_REVISION": "2e8a388\n"}) == (
+        __version__,
+        "2e8a388",
+        platform.python_version(),
+    )
+    assert build_labels({})[1] == "unknown"
+    families = {f.name: f for f in text_string_to_metric_families(Metrics().render().decode())}
+    (sample_,) = families["ipvsproxy_build_info"].samples
+    assert sample_.value == 1
+    assert sample_.labels["version"] == __version__
+    assert set(sample_.labels) == {"version", "revision", "python_version"}

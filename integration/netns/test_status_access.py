@@ -1,9 +1,11 @@
-"""Who may read the agent's /status: with the shipped DaemonSet's addresses (metrics on
-0.0.0.0:10249, so that a PodMonitor scrapes it from another host) another host reaches
-/metrics but gets 403 for /status (every Service, endpoint, pod and node of the cluster:
-what RBAC would refuse an anonymous client), while `ipvsproxy status` on the node (the pod's
-own loopback) reads it; `--status-remote` opens it to other hosts. Two throw-away namespaces
-joined by a veth pair: the node (the agent, the iptables fallback) and another host."""
+"""Who may read the agent's plain metrics port: with the shipped DaemonSet's addresses
+(127.0.0.1:10249, kube-proxy's default; scrapers use the secure port) another host cannot
+connect at all. Bound to every address (`--metrics-bind-address=0.0.0.0:10249`, as before
+issue 46), another host reaches /metrics but gets 403 for /status (every Service, endpoint,
+pod and node of the cluster: what RBAC would refuse an anonymous client), while `ipvsproxy
+status` on the node (the pod's own loopback) reads it; `--status-remote` opens it to other
+hosts. Two throw-away namespaces joined by a veth pair: the node (the agent, the iptables
+fallback) and another host."""
 
 from __future__ import annotations
 
@@ -47,12 +49,21 @@ def get(ns: str, address: str, path: str) -> bytes:
         return sock.makefile("rb").read()
 
 
-@pytest.mark.parametrize("remote", [False, True], ids=["shipped", "status-remote"])
-def test_status_answers_the_node_only_unless_opened(netns, other_netns, tmp_path: Path, remote):
+@pytest.mark.parametrize(
+    ("wildcard", "remote"),
+    [(False, False), (True, False), (True, True)],
+    ids=["shipped", "wildcard", "wildcard-status-remote"],
+)
+def test_status_answers_the_node_only_unless_opened(
+    netns, other_netns, tmp_path: Path, wildcard, remote
+):
     other_host = other_netns
     link(netns, other_host)
     flags = shipped_addresses()
-    assert "--metrics-bind-address=0.0.0.0:10249" in flags
+    assert "--metrics-bind-address=127.0.0.1:10249" in flags
+    if wildcard:
+        flags = [f for f in flags if not f.startswith("--metrics-bind")]
+        flags.append("--metrics-bind-address=0.0.0.0:10249")
     manifest = tmp_path / "cluster.yaml"
     manifest.write_text(yaml.safe_dump_all([
         node(addresses=(NODE_IP,)), service("web"), slice_("web", endpoints=[ep("10.244.0.5")]),
@@ -75,6 +86,10 @@ def test_status_answers_the_node_only_unless_opened(netns, other_netns, tmp_path
                 return False
 
         eventually(up, 60, "the agent serves /status on the node", interval=0.2)
+        if not wildcard:  # the shipped address: nothing listens on the node's own address
+            with pytest.raises(ConnectionRefusedError):
+                get(other_host, NODE_IP, "/metrics")
+            return
         assert get(other_host, NODE_IP, "/metrics").startswith(b"HTTP/1.1 200")
         answer = get(other_host, NODE_IP, "/status")
         if remote:

@@ -467,6 +467,28 @@ def http_options(func: F) -> F:
             "hosts too; without it, only to the node's loopback (`ipvsproxy status`).",
         ),
         option(
+            "--secure-metrics-bind-address",
+            section=HTTP,
+            default="",
+            metavar="ADDR:PORT",
+            help="Also serve /metrics over HTTPS here (e.g. 0.0.0.0:10263; off by default), "
+            "to clients whose bearer token the API server authenticates (TokenReview) and "
+            "allows to get /metrics (SubjectAccessReview), as kube-scheduler's secure port.",
+        ),
+        option(
+            "--tls-cert-file",
+            section=HTTP,
+            type=click.Path(path_type=Path),
+            help="The secure metrics port's certificate (PEM, its chain after it); without "
+            "it and --tls-private-key-file, a self-signed one made at start.",
+        ),
+        option(
+            "--tls-private-key-file",
+            section=HTTP,
+            type=click.Path(path_type=Path),
+            help="The private key of --tls-cert-file (PEM).",
+        ),
+        option(
             "--service-metrics-max-series",
             section=HTTP,
             type=click.IntRange(1, 1_000_000),

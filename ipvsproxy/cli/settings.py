@@ -275,7 +275,20 @@ def service_metrics_config(opts: dict[str, Any]) -> dict[str, Any]:
     service, endpoint = opts.pop("service_metrics"), opts.pop("endpoint_metrics")
     if endpoint and not service:
         raise ConfigError("--endpoint-metrics needs --service-metrics")
+    secure = opts.pop("secure_metrics_bind_address")
+    cert, key = opts.pop("tls_cert_file"), opts.pop("tls_private_key_file")
+    if (cert or key) and not secure:
+        raise ConfigError(
+            "--tls-cert-file/--tls-private-key-file need --secure-metrics-bind-address"
+        )
+    if (cert is None) != (key is None):
+        raise ConfigError("--tls-cert-file and --tls-private-key-file go together: give both")
     return {
+        "secure_metrics_bind_address": (
+            parse_bind_address(secure, option="--secure-metrics-bind-address") if secure else None
+        ),
+        "tls_cert_file": cert,
+        "tls_private_key_file": key,
         "service_metrics": service,
         "endpoint_metrics": endpoint,
         "service_metrics_max_series": opts.pop("service_metrics_max_series"),

@@ -18,6 +18,10 @@ response came) and `rest_client_request_duration_seconds{verb, host}` for every 
 watches (client-go times `Request.request`, which a watch does not go through). The other
 rest_client_* series (sizes, rate limiter, exec plugin) are not exported.
 
+`ipvsproxy_build_info{version, revision, python_version} 1`: what is running, as every
+Prometheus server (`prometheus_build_info`) and Kubernetes component (`kubernetes_build_info`)
+says it.
+
 Per-Service traffic (`--service-metrics`, opt-in): `service_traffic.ServiceTraffic`, which
 `Metrics.service_traffic` registers.
 
@@ -27,6 +31,8 @@ Imports: prometheus_client, kernel, model, and its own service_traffic.
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +50,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ipvsproxy import __version__
 from ipvsproxy.following import Unread
 from ipvsproxy.kernel import ApplyReport, Plan
 from ipvsproxy.metrics.service_traffic import ServiceTraffic
@@ -60,6 +67,18 @@ REST_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60
 FAMILIES = {4: "IPv4", 6: "IPv6"}
 
 
+REVISION_ENV = "IPVSPROXY_REVISION"  # the git commit, set by the image build (Containerfile)
+
+
+def build_labels(environ: Mapping[str, str] = os.environ) -> tuple[str, str, str]:
+    """(version, revision, python_version) of `ipvsproxy_build_info`, as Prometheus'
+    `prometheus_build_info` and `kubernetes_build_info`: the revision is the commit the image
+    was built from (scripts/image passes it to the Containerfile, which sets
+    IPVSPROXY_REVISION), "unknown" outside an image; git is never run."""
+    revision = environ.get(REVISION_ENV, "").strip() or "unknown"
+    return __version__, revision, platform.python_version()
+
+
 class Metrics:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         # client_golang (kube-proxy) writes no `*_created` series; prometheus_client would
@@ -73,6 +92,13 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
+        self.build_info = Gauge(
+            "ipvsproxy_build_info",
+            "A metric with a constant '1' value labeled by version, revision and python_version",
+            ["version", "revision", "python_version"],
+            registry=r,
+        )
+        self.build_info.labels(*build_labels()).set(1)
         family = ["ip_family"]
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
