@@ -34,6 +34,9 @@ class Config:
     nodeport_primary: bool = False  # --nodeport-addresses primary: the Node's primary IPs
     service_cidrs: tuple[IPNetwork, ...] = ()  # VIP ranges ipvsproxy owns outright
     exclude_cidrs: tuple[IPNetwork, ...] = ()  # never touched, whatever else says
+    # --external-ip-cidrs: the ranges a Service's spec.externalIPs may use (None: any, as
+    # kube-proxy; (): none). Both families: a family with no range here gets none.
+    external_ip_cidrs: tuple[IPNetwork, ...] | None = None
     nodeport_range: tuple[int, int] = DEFAULT_NODEPORT_RANGE
     dummy_device: str = "kube-ipvs0"
     backend: str = "auto"  # ipvs | iptables | auto (IPVS when usable, else iptables)
@@ -98,6 +101,21 @@ class Config:
         kube-proxy, per IP family, a family with no CIDR keeps all of its addresses."""
         same = [net for net in self.nodeport_cidrs if net.version == address.version]
         return not same or any(address in net for net in same)
+
+    def allows_external_ip(self, address: IPAddress) -> bool:
+        """Whether a Service's externalIP may be programmed (`--external-ip-cidrs`)."""
+        allowed = self.external_ip_cidrs
+        return allowed is None or any(address in net for net in allowed)
+
+
+def parse_external_ip_cidrs(text: str, *, option: str) -> tuple[IPNetwork, ...] | None:
+    """`--external-ip-cidrs`: empty -> None (any externalIP), `none` -> () (no externalIP),
+    else the CIDRs (ConfigError naming the option for a bad one)."""
+    if not text.strip():
+        return None
+    if text.strip() == "none":
+        return ()
+    return parse_cidrs(text, option=option)
 
 
 def parse_cidrs(text: str, *, option: str) -> tuple[IPNetwork, ...]:

@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 import pytest
@@ -153,6 +154,32 @@ def test_warnings_are_logged_once(caplog):
     agent.sync()
     agent.sync()
     assert sum("skipping malformed Service default/bad" in r.message for r in caplog.records) == 1
+
+
+def test_a_refused_external_ip_is_warned_once_per_change_of_the_service(caplog):
+    config = dataclasses.replace(CONFIG, external_ip_cidrs=(ip_network("198.51.100.0/24"),))
+    agent, _, clock = driven_agent(config)
+
+    def warned(address: str) -> int:
+        text = f"Service default/web: externalIP {address} is outside --external-ip-cidrs"
+        return sum(text in r.message for r in caplog.records)
+
+    agent.feed(service("web", externalIPs=["203.0.113.9"]), web_slice())
+    agent.sync()
+    agent.sync()
+    clock.now += CONFIG.sync_period + 1  # a full resync: still no second warning
+    agent.sync()
+    assert warned("203.0.113.9") == 1
+    assert not any(k.address == ip_address("203.0.113.9") for k in agent.kernel.state.services)
+    agent.feed(service("web", externalIPs=["203.0.113.10"]), web_slice())
+    agent.sync()
+    agent.sync()
+    assert (warned("203.0.113.9"), warned("203.0.113.10")) == (1, 1)
+    agent.feed(service("web", externalIPs=["198.51.100.7"]), web_slice())
+    agent.sync()
+    agent.feed(service("web", externalIPs=["203.0.113.9"]), web_slice())
+    agent.sync()
+    assert warned("203.0.113.9") == 2  # refused again after a fix: a new warning
 
 
 def test_network_programming_latency_comes_from_the_trigger_annotation():

@@ -465,3 +465,53 @@ def test_a_config_files_duration_without_a_unit_is_refused_naming_the_field(tmp_
         f"ipvsproxy: error: --config {path}: field ipvs.syncPeriod: '30' has no unit: give a "
         "duration like 30s, 500ms or 1m30s\n"
     )
+
+
+EXTERNAL = (
+    "kind: Service\nmetadata: {name: web, namespace: x}\n"
+    "spec: {clusterIP: 10.96.0.2, externalIPs: [198.51.100.7, 203.0.113.9, '2001:db8::7'],"
+    " ports: [{port: 80}]}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "programmed", "refused"),
+    [
+        ([], ["198.51.100.7", "203.0.113.9"], []),  # default: any externalIP, as kube-proxy
+        (
+            ["--external-ip-cidrs", "198.51.100.0/24"],
+            ["198.51.100.7"],
+            ["203.0.113.9", "2001:db8::7"],
+        ),  # fmt: skip
+        (
+            ["--external-ip-cidrs", " 198.51.100.7/32 , 2001:db8::/32"],
+            ["198.51.100.7"],
+            ["203.0.113.9"],
+        ),  # fmt: skip
+        (["--external-ip-cidrs", "none"], [], ["198.51.100.7", "203.0.113.9", "2001:db8::7"]),
+    ],
+)
+def test_diff_refuses_external_ips_outside_the_allowed_ranges(tmp_path, cidrs, programmed, refused):
+    (tmp_path / "svc.yaml").write_text(EXTERNAL)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    result = run("diff", "--manifests", str(tmp_path / "svc.yaml"), "--kernel-state", str(empty),
+                 *cidrs)  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "ipvsadm -A -t 10.96.0.2:80" in result.stdout
+    for ip in programmed:
+        assert f"ipvsadm -A -t {ip}:80" in result.stdout
+    for ip in refused:
+        assert f" {ip}:80" not in result.stdout
+        assert f"Service x/web: externalIP {ip} is outside --external-ip-cidrs" in result.stderr
+    assert result.stderr.count("--external-ip-cidrs") == len(refused)
+
+
+@pytest.mark.parametrize("command", ["run", "diff", "status"])
+@pytest.mark.parametrize("bad", ["198.51.100.0/33", "10.0.0.0/8,nonsense", "2001:db8::/129"])
+def test_a_bad_external_ip_cidr_is_one_clear_line_and_exit_2(command, bad):
+    result = run(command, "--external-ip-cidrs", bad)
+    assert result.exit_code == 2, result.output
+    assert "--external-ip-cidrs: " in result.stderr
+    assert "is not a CIDR" in result.stderr
+    assert "Traceback" not in result.output

@@ -147,6 +147,16 @@ def node_options(func: F) -> F:
             default="",
             help="The pod network: ClusterIP traffic from outside it is masqueraded (IPVS).",
         ),
+        option(
+            "--external-ip-cidrs",
+            section=OWN,
+            metavar="CIDR,...|none",
+            default="",
+            help="The ranges a Service's spec.externalIPs may use; an externalIP outside them "
+            "gets no virtual server, firewall entry or bound address, with a warning naming "
+            "the Service. 'none': no externalIP at all. Default: any address, as kube-proxy "
+            "(docs/kubernetes.md, externalIPs). LoadBalancer ingress IPs are not affected.",
+        ),
         kube_proxy_flag("--masquerade-all", help="Masquerade all ClusterIP traffic (IPVS)."),
         option(
             "--masquerade-bit",

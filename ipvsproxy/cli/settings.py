@@ -23,6 +23,7 @@ from ipvsproxy.config import (
     Config,
     parse_cidrs,
     parse_duration,
+    parse_external_ip_cidrs,
     parse_interface_name,
     parse_port_range,
     parse_scheduler,
@@ -100,6 +101,9 @@ def make_config(opts: dict[str, Any]) -> Config:
         firewall=opts["firewall"],
         first_services=parse_refs(opts["first_services"], "--first-services"),
         cluster_cidrs=cluster_cidrs,
+        external_ip_cidrs=parse_external_ip_cidrs(
+            opts["external_ip_cidrs"], option="--external-ip-cidrs"
+        ),
         masquerade_all=opts["masquerade_all"],
         masquerade_bit=opts["masquerade_bit"],
         detect_local_mode=mode,

@@ -18,6 +18,7 @@ Imports: api, model, schedulers, config, sync.slowstart (its annotation and weig
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,7 +237,8 @@ def _translate(
     slices = [s for s in slices if s.address_type != "FQDN"]
     families: set[int] = {ip.version for ip in svc.cluster_ips}
     choice = resolve(svc.annotations, config.scheduler)
-    warnings = [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
+    svc, warnings = _refuse_external_ips(svc, config)
+    warnings += [f"Service {svc.ref}: {choice.warning}"] if choice.warning else []
     window, warning = window_of(svc.annotations, config.slow_start, choice.scheduler, svc.ref)
     warnings += [warning] if warning else []
     weight = FULL_WEIGHT if window else 1
@@ -297,6 +299,21 @@ def _translate(
             why.append(_explain_port(origin, port, slices, backends, families, left, fell_back))
     contribution = Contribution(entries, frozenset(local), tuple(warnings), frozenset(no_local))
     return Explanation(contribution, None, tuple(why or ()))
+
+
+def _refuse_external_ips(svc: ServiceView, config: Config) -> tuple[ServiceView, list[str]]:
+    """The Service without the externalIPs `--external-ip-cidrs` refuses, and a warning
+    naming each one. Everything downstream (virtual servers, bound addresses, firewall
+    records, `status`) reads the Service returned, so a refused address is nowhere."""
+    refused = [ip for ip in svc.external_ips if not config.allows_external_ip(ip)]
+    if not refused:
+        return svc, []
+    kept = tuple(ip for ip in svc.external_ips if config.allows_external_ip(ip))
+    warnings = [
+        f"Service {svc.ref}: externalIP {ip} is outside --external-ip-cidrs: not programmed"
+        for ip in refused
+    ]
+    return dataclasses.replace(svc, external_ips=kept), warnings
 
 
 def _explain_port(
