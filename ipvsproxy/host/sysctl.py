@@ -8,6 +8,7 @@ Imports: errors, the standard library.
 
 from __future__ import annotations
 
+import errno
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,5 +90,21 @@ def ensure(settings: tuple[Sysctl, ...], root: Path = Path("/proc/sys")) -> list
                 path.write_text(f"{setting.value}\n")
                 changed.append(setting)
         except (OSError, ValueError, IndexError) as exc:
-            raise KernelUnavailable(f"cannot set {setting.name}={setting.value}: {exc}") from exc
+            hint = _where_it_belongs(setting, exc)
+            raise KernelUnavailable(
+                f"cannot set {setting.name}={setting.value}: {exc}{hint}"
+            ) from exc
     return changed
+
+
+def _where_it_belongs(setting: Sysctl, exc: Exception) -> str:
+    """For --strict-arp refused by a read-only /proc/sys (the agent's unprivileged
+    container): where the setting belongs instead."""
+    refused = isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    if setting not in STRICT_ARP or not refused:
+        return ""
+    return (
+        "; /proc/sys is read-only here (the agent's unprivileged container): --strict-arp "
+        "belongs to the privileged init container, `ipvsproxy prepare --strict-arp` (in the "
+        "kubeadm overlay, ipvs.strictARP: true in config.conf, which both containers read)"
+    )
