@@ -380,3 +380,19 @@ def test_an_endpoints_pod_and_zone_are_kept_for_status():
         ("VirtualMachine/vm-1", ""),
         ("", "zone-a"),
     ]
+
+
+@pytest.mark.parametrize(
+    "conditions",
+    [ABSENT, {}, {"ready": None}, {"ready": None, "serving": None}],
+    ids=["no conditions", "empty", "ready null", "both null"],
+)
+def test_an_endpoint_whose_ready_is_missing_or_null_is_ready(conditions):
+    """discovery/v1: "a nil value should be interpreted as true" (kube-proxy reads it so)."""
+    endpoint: dict[str, Any] = {"addresses": ["10.244.0.1"]}
+    if conditions is not ABSENT:
+        endpoint["conditions"] = conditions
+    got = read("EndpointSlice", slice_(endpoints=[endpoint]))
+    assert isinstance(got.view, EndpointSliceView), got.warning
+    (view,) = got.view.endpoints
+    assert (view.ready, view.serving) == (True, True)

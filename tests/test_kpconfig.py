@@ -274,3 +274,19 @@ def test_an_unreadable_kubeconfig_named_by_the_file_is_named_as_its_field(tmp_pa
         "ipvsproxy: error: cannot load the Kubernetes client configuration (--config "
         f"{path}: field clientConnection.kubeconfig: {kubeconfig}: not valid YAML"
     )
+
+
+@pytest.mark.parametrize("field", ["maxPerCore", "min"])
+def test_a_conntrack_zero_in_the_file_stays_zero_leave_the_kernels_limit_alone(
+    monkeypatch, tmp_path, field
+):
+    """kube-proxy's 0: do not touch nf_conntrack_max (read as unset, the agent would write
+    the default's 32768 per core)."""
+    path = tmp_path / "config.conf"
+    path.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"conntrack:\n  {field}: 0\n"
+    )
+    config, _ = agent_config(monkeypatch, "--config", str(path))
+    got = config.conntrack_max_per_core if field == "maxPerCore" else config.conntrack_min
+    assert got == 0

@@ -101,12 +101,15 @@ def chains(ns: str) -> set[str]:
 def test_only_kube_proxys_chains_jumps_and_sets_leave(netns: str) -> None:
     layout(netns)
     before = rules(netns)
+    sets_before = sorted(in_ns(netns, "ipset", "list", "-n").split())
     dry = in_ns(netns, IPVSPROXY, "cleanup", "--kube-proxy", "--dry-run")
     assert "would remove: iptables -t nat: chain KUBE-SERVICES" in dry
     assert "would remove: ip6tables -t nat: chain KUBE-SERVICES" in dry
     assert "would remove: iptables -t filter: chain KUBE-IPVS-OUT-FILTER" in dry
     assert "would remove: ipset KUBE-6-CLUSTER-IP" in dry
     assert rules(netns) == before  # a dry run changes nothing
+    assert "KUBE-6-CLUSTER-IP" in sets_before
+    assert sorted(in_ns(netns, "ipset", "list", "-n").split()) == sets_before  # its sets stay
 
     done = in_ns(netns, IPVSPROXY, "cleanup", "--kube-proxy", "--force")  # no agent here
     assert "removed: iptables -t nat: rule -A PREROUTING" in done
