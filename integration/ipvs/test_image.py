@@ -157,8 +157,12 @@ def test_the_image_runs_as_the_daemonset_runs_it(image: str) -> None:
         assert probe(agent, "livenessProbe")[0] == 200
         # Ready once the first full pass is done (/readyz): a deadline a loaded machine meets
         support.eventually(lambda: probe(agent, "readinessProbe")[0] == 200, STUCK, "ready")
-        port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
-        assert get(f"http://127.0.0.1:{port}/proxyMode", 5) == (200, "ipvs")
+        # the plain metrics port: loopback only, as kube-proxy's default (the Pod's ports list
+        # the secure one, https-metrics)
+        (bind,) = [a for a in agent["args"] if a.startswith("--metrics-bind-address=")]
+        assert bind == "--metrics-bind-address=127.0.0.1:10249"
+        assert get("http://127.0.0.1:10249/proxyMode", 5) == (200, "ipvs")
+        assert "https-metrics" in {p["name"] for p in agent["ports"]}
 
         web = {names[request(client, "10.96.0.10", 80)] for _ in range(6)}
         assert web == {"10.244.1.2", "10.244.1.3", "10.244.1.4"}, logs()
