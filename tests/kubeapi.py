@@ -207,6 +207,10 @@ class ApiServer:
             self._generation += 1
             self._state.notify_all()
 
+    def watched(self) -> set[str]:
+        """The collections a watch was asked for so far (whatever the token's answer)."""
+        return {path for path, _, query in self.requests if query.get("watch") == "true"}
+
     @property
     def ca_pem(self) -> bytes:
         """The certificate of the CA that signed the server's, as a client is given it."""

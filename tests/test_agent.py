@@ -589,19 +589,10 @@ def test_a_rotated_token_is_followed_and_a_refused_one_said_once_past_two_sync_p
     def vips() -> set[str]:
         return {str(key.address) for key in host.kernel.state.services}
 
-    def watching() -> None:
-        """Every kind's watch open: no request in flight with the old token when it is
-        refused (a request sent before the rotation is refused rightly, and retried)."""
-
-        def opened() -> bool:
-            kinds = {path for path, ok, query in api.requests if query.get("watch") == "true"}
-            return len(kinds) >= 3
-
-        eventually(opened, 60, "the three watches open", interval=0.1)
-
     try:
         eventually(lambda: _get(health, "/readyz")[0] == 200, 60, "/readyz turns 200")
-        watching()
+        # every kind's watch open: none in flight with the old token when it is refused
+        eventually(lambda: len(api.watched()) >= 3, 60, "the three watches open", interval=0.1)
         # as a rotation goes: the new token valid at once, the old one refused afterwards
         api.also_accepted = {"second"}
         rotate("second")

@@ -50,16 +50,6 @@ def test_a_rotated_token_file_is_followed_by_the_agent_process(netns: str, tmp_p
         assert proc.poll() is None, log.read_text()
         return get(netns, "127.0.0.1", 10256, "/readyz")[0]
 
-    def watching() -> None:
-        """Every kind's watch open: no request in flight with the old token when it is
-        refused (a request sent before the rotation is refused rightly, and retried)."""
-
-        def opened() -> bool:
-            kinds = {path for path, ok, query in api.requests if query.get("watch") == "true"}
-            return len(kinds) >= 3
-
-        eventually(opened, 60, "the three watches open", interval=0.1)
-
     try:
         api.put(node("node-a"))
         api.put(service("web", cluster_ips=("10.96.0.10",)))
@@ -71,7 +61,8 @@ def test_a_rotated_token_file_is_followed_by_the_agent_process(netns: str, tmp_p
                 stdout=out, stderr=out,
             )  # fmt: skip
         eventually(lambda: ready() == 200, 60, "/readyz 200", interval=0.2)
-        watching()
+        # every kind's watch open: none in flight with the old token when it is refused
+        eventually(lambda: len(api.watched()) >= 3, 60, "the three watches open", interval=0.1)
 
         api.also_accepted = {"second"}  # the new token is valid at once, the old one after
         rotate(token, "second")
