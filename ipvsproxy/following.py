@@ -81,12 +81,18 @@ class Following:
         self.check()
 
     def unread(self) -> Unread | None:
-        """The resource unread the longest, if any attempt of one is failing now."""
-        return max(self._unread(), key=lambda u: u.seconds, default=None)
+        """The resource unread the longest, if any attempt of one is failing now. A stale one
+        seen here is said first (`check`): no reader shows staleness the log has not said."""
+        found = self._unread()
+        self._warn(found)
+        return max(found, key=lambda u: u.seconds, default=None)
 
     def check(self) -> None:
         """Say once per outage that a resource has been unread for longer than the bound."""
-        for unread in self._unread():
+        self._warn(self._unread())
+
+    def _warn(self, found: list[Unread]) -> None:
+        for unread in found:
             if not unread.stale:
                 continue
             with self._lock:

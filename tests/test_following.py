@@ -96,3 +96,18 @@ def test_each_stale_resource_is_said_and_the_longest_unread_is_reported():
     worst = following.unread()
     assert worst is not None
     assert (worst.kind, worst.seconds) == ("Service", 16.0)
+
+
+def test_staleness_a_reader_sees_is_said_before_the_next_failed_attempt():
+    """/readyz turns 503 the moment the bound passes, while the watcher may sit in its retry
+    back-off: the warning must not come later than the 503 (seen so in CI)."""
+    following, clock, stale, _ = make(bound=10)
+    following.read("Node")
+    following.served()
+    following.failed("Node", "401 Unauthorized")
+    clock.now += 11  # no further attempt: the watcher backs off
+    unread = following.unread()
+    assert unread is not None and unread.stale
+    assert [u.kind for u in stale] == ["Node"]
+    following.unread()
+    assert len(stale) == 1  # said once
