@@ -107,7 +107,8 @@ def test_staleness_a_reader_sees_is_said_before_the_next_failed_attempt():
     following.failed("Node", "401 Unauthorized")
     clock.now += 11  # no further attempt: the watcher backs off
     unread = following.unread()
-    assert unread is not None and unread.stale
+    assert unread is not None
+    assert unread.stale
     assert [u.kind for u in stale] == ["Node"]
     following.unread()
     assert len(stale) == 1  # said once
