@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """e2e_results.py - the e2e suite's results, per spec (the standard library only).
 
-  e2e_results.py tsv OUT                     OUT/junit*.xml -> OUT/results.tsv (spec, result,
-                                             seconds, first failure line); prints the counts
-  e2e_results.py table A_DIR B_DIR LA LB     Markdown: every spec either run did not skip, the
-                                             result and seconds of each, then each failure
+e2e_results.py tsv OUT                     OUT/junit*.xml -> OUT/results.tsv (spec, result,
+                                           seconds, first failure line); prints the counts
+e2e_results.py table A_DIR B_DIR LA LB     Markdown: every spec either run did not skip, the
+                                           result and seconds of each, then each failure
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ def tsv(out: str) -> None:
 
 def load(out: str) -> dict[str, tuple[str, str, str]]:
     rows = {}
-    for line in open(f"{out}/results.tsv"):
-        name, result, seconds, message = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
-        rows[name] = (result, seconds, message)
+    with open(f"{out}/results.tsv") as f:
+        for line in f:
+            name, result, seconds, message = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
+            rows[name] = (result, seconds, message)
     return rows
 
 

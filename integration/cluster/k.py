@@ -5,7 +5,8 @@
       wait for Node NODE (registered by the kubelet with --cloud-provider=external), then do what a
       cloud controller would: status.addresses = [InternalIP INTERNAL_IP, Hostname localhost] (the
       apiserver dials a kubelet at its Hostname address first: localhost:10250 on the host is
-      QEMU's forward to the guest kubelet: each node's on its own port), spec.podCIDR(s) = POD_CIDR, and remove the
+      QEMU's forward to the guest kubelet: each node's on its own port), spec.podCIDR(s) =
+      POD_CIDR, and remove the
       node.cloudprovider.kubernetes.io/uninitialized taint; with ZONE, the label
       topology.kubernetes.io/zone.
   k.py wait-ready NODE TIMEOUT          wait until Node NODE is Ready
@@ -19,12 +20,19 @@
       volume (not optional); in OpenShift the service-ca operator fills it. Without it no Pod
       that mounts a ServiceAccount token can start.
   k.py dns-service NODE NODE_IP [CLUSTER_IP]
-      Service kube-system/kube-dns (CLUSTER_IP, default 10.96.0.10; ports dns 53/UDP, dns-tcp 53/TCP,
+      Service kube-system/kube-dns (CLUSTER_IP, default 10.96.0.10; ports dns 53/UDP,
+      dns-tcp 53/TCP,
       no selector) and its EndpointSlice kube-dns-rig: one endpoint NODE_IP on NODE, where dns.py
       listens in the VM. Pods reach the cluster DNS through the Service proxy under test.
 Uses $KUBECONFIG (default $RIG/kubeconfig).
 """
-import base64, os, sys, time
+
+import base64
+import os
+import pathlib
+import sys
+import time
+
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -48,19 +56,42 @@ def fake_ccm(name, ip, cidr, timeout=300, zone=None):
     node = wait_node(name, float(timeout))
     if zone:  # as a cloud's node controller labels a node
         v1.patch_node(name, {"metadata": {"labels": {"topology.kubernetes.io/zone": zone}}})
-    v1.patch_node_status(name, [{"op": "replace", "path": "/status/addresses", "value": [
-        {"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": "localhost"}]}])
-    taints = [t for t in (node.spec.taints or [])
-              if t.key != "node.cloudprovider.kubernetes.io/uninitialized"]
-    ops = [{"op": "replace" if node.spec.taints is not None else "add", "path": "/spec/taints",
-            "value": [client.ApiClient().sanitize_for_serialization(t) for t in taints]}]
+    v1.patch_node_status(
+        name,
+        [
+            {
+                "op": "replace",
+                "path": "/status/addresses",
+                "value": [
+                    {"type": "InternalIP", "address": ip},
+                    {"type": "Hostname", "address": "localhost"},
+                ],
+            }
+        ],
+    )
+    taints = [
+        t
+        for t in (node.spec.taints or [])
+        if t.key != "node.cloudprovider.kubernetes.io/uninitialized"
+    ]
+    ops = [
+        {
+            "op": "replace" if node.spec.taints is not None else "add",
+            "path": "/spec/taints",
+            "value": [client.ApiClient().sanitize_for_serialization(t) for t in taints],
+        }
+    ]
     if not node.spec.pod_cidr:
-        ops += [{"op": "add", "path": "/spec/podCIDR", "value": cidr},
-                {"op": "add", "path": "/spec/podCIDRs", "value": [cidr]}]
+        ops += [
+            {"op": "add", "path": "/spec/podCIDR", "value": cidr},
+            {"op": "add", "path": "/spec/podCIDRs", "value": [cidr]},
+        ]
     v1.patch_node(name, ops)
     n = v1.read_node(name)
-    print(f"node {name}: addresses {[(a.type, a.address) for a in n.status.addresses]}, "
-          f"podCIDR {n.spec.pod_cidr}, taints {[t.key for t in (n.spec.taints or [])]}")
+    print(
+        f"node {name}: addresses {[(a.type, a.address) for a in n.status.addresses]}, "
+        f"podCIDR {n.spec.pod_cidr}, taints {[t.key for t in (n.spec.taints or [])]}"
+    )
 
 
 def wait_ready(name, timeout):
@@ -81,9 +112,14 @@ def wait_ready(name, timeout):
 
 
 def sa_kubeconfig(ns, sa, server, out, seconds=86400):
-    tr = v1.create_namespaced_service_account_token(sa, ns, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=int(seconds))))
-    ca = base64.b64encode(open(f"{RIG}/pki/ca.crt", "rb").read()).decode()
+    tr = v1.create_namespaced_service_account_token(
+        sa,
+        ns,
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=int(seconds))
+        ),
+    )
+    ca = base64.b64encode(pathlib.Path(f"{RIG}/pki/ca.crt").read_bytes()).decode()
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -109,11 +145,14 @@ current-context: sa
 
 def service_ca():
     from kubernetes import watch
-    ca = open(f"{RIG}/pki/ca.crt").read()
+
+    ca = pathlib.Path(f"{RIG}/pki/ca.crt").read_text()
     name = "openshift-service-ca.crt"
 
     def ensure(ns):
-        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data={"service-ca.crt": ca})
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=name), data={"service-ca.crt": ca}
+        )
         try:
             cm = v1.read_namespaced_config_map(name, ns)
             if (cm.data or {}).get("service-ca.crt") != ca:
@@ -136,8 +175,11 @@ def service_ca():
                 if ns.status.phase == "Active":
                     ensure(ns.metadata.name)
             w = watch.Watch()
-            for ev in w.stream(v1.list_namespace, resource_version=lst.metadata.resource_version,
-                               timeout_seconds=60):
+            for ev in w.stream(
+                v1.list_namespace,
+                resource_version=lst.metadata.resource_version,
+                timeout_seconds=60,
+            ):
                 ns = ev["object"]
                 if ev["type"] in ("ADDED", "MODIFIED") and ns.status.phase == "Active":
                     ensure(ns.metadata.name)
@@ -147,28 +189,63 @@ def service_ca():
 
 
 def dns_service(node, ip, cluster_ip="10.96.0.10"):
-    svc = {"metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
-           "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": [
-               {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
-               {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53}]}}
+    svc = {
+        "metadata": {
+            "name": "kube-dns",
+            "namespace": "kube-system",
+            "labels": {"k8s-app": "kube-dns"},
+        },
+        "spec": {
+            "clusterIP": cluster_ip,
+            "clusterIPs": [cluster_ip],
+            "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+            ],
+        },
+    }
     try:
         cur = v1.read_namespaced_service("kube-dns", "kube-system")
         if cur.spec.cluster_ip != cluster_ip or cur.spec.selector:
-            sys.exit(f"kube-system/kube-dns exists with clusterIP {cur.spec.cluster_ip}, selector {cur.spec.selector}")
+            sys.exit(
+                f"kube-system/kube-dns exists with clusterIP {cur.spec.cluster_ip}, "
+                f"selector {cur.spec.selector}"
+            )
     except ApiException as e:
         if e.status != 404:
             raise
         v1.create_namespaced_service("kube-system", svc)
     d = client.DiscoveryV1Api()
-    es = {"metadata": {"name": "kube-dns-rig", "namespace": "kube-system", "labels": {
-              "kubernetes.io/service-name": "kube-dns", "endpointslice.kubernetes.io/managed-by": "rig.local"}},
-          "addressType": "IPv4",
-          "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}],
-          "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "nodeName": node}]}
+    es = {
+        "metadata": {
+            "name": "kube-dns-rig",
+            "namespace": "kube-system",
+            "labels": {
+                "kubernetes.io/service-name": "kube-dns",
+                "endpointslice.kubernetes.io/managed-by": "rig.local",
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [
+            {"name": "dns", "port": 53, "protocol": "UDP"},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+        ],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "nodeName": node}],
+    }
     try:
-        d.replace_namespaced_endpoint_slice("kube-dns-rig", "kube-system",
-                                            {**es, "metadata": {**es["metadata"], "resourceVersion":
-                                             d.read_namespaced_endpoint_slice("kube-dns-rig", "kube-system").metadata.resource_version}})
+        d.replace_namespaced_endpoint_slice(
+            "kube-dns-rig",
+            "kube-system",
+            {
+                **es,
+                "metadata": {
+                    **es["metadata"],
+                    "resourceVersion": d.read_namespaced_endpoint_slice(
+                        "kube-dns-rig", "kube-system"
+                    ).metadata.resource_version,
+                },
+            },
+        )
     except ApiException as e:
         if e.status != 404:
             raise
