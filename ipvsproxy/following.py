@@ -3,8 +3,9 @@
 Owns `Following`: the watchers record every successful read of their resource (a list, a watch
 stream opened, an event or bookmark) and every failed attempt; readers (`/healthz`, `/readyz`,
 the metrics) get an `Unread` snapshot. A quiet API is not an unread one: a watch stream that is
-open reads nothing until something changes, and only a failed attempt (a refused token, a
-connection lost, an inactivity timeout) starts the count.
+open reads nothing until something changes, and it follows until an attempt fails (a refused
+token, a connection lost, an inactivity timeout): the count starts at the first failure since
+the last read, so a silent stream timed out and opened again at once was never unread.
 
 A node that cannot read the API keeps its rules and serves traffic with them, but no longer
 follows Service and endpoint changes. Past `bound` seconds (counted from the first full pass:
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Unread:
-    """A resource not read since `last_read` (wall-clock seconds), `seconds` ago (counted from
-    the first full pass at the earliest), the last attempt failing with `error`."""
+    """A resource failing for `seconds` (from its first failed attempt since it was last read,
+    at `last_read` wall-clock seconds; from the first full pass at the earliest), the last
+    attempt failing with `error`."""
 
     kind: str
     seconds: float
@@ -52,6 +54,7 @@ class Following:
         self._lock = threading.Lock()
         self._read: dict[str, float] = {}  # kind -> when it was last read
         self._failing: dict[str, str] = {}  # kind -> the error of its last attempt
+        self._since: dict[str, float] = {}  # kind -> its first failure since its last read
         self._served: float | None = None  # when the first full pass completed
         self._warned: set[str] = set()  # kinds whose staleness has been said
 
@@ -62,6 +65,7 @@ class Following:
             since = self._start(kind, now)  # before this read
             self._read[kind] = now
             self._failing.pop(kind, None)
+            self._since.pop(kind, None)
             warned = kind in self._warned
             self._warned.discard(kind)
         if warned:
@@ -71,6 +75,7 @@ class Following:
         """An attempt to read `kind` failed with `error`."""
         with self._lock:
             self._failing[kind] = error
+            self._since.setdefault(kind, self._clock())
         self.check()
 
     def served(self) -> None:
@@ -112,7 +117,9 @@ class Following:
             return found
 
     def _start(self, kind: str, now: float) -> float:
-        """Since when `kind` counts as unread (under the lock): its last read, or the first
-        full pass if that came later; now if neither happened yet."""
-        marks = [t for t in (self._read.get(kind), self._served) if t is not None]
-        return max(marks) if marks else now
+        """Since when `kind` counts as unread (under the lock): its first failure since its
+        last read, or the first full pass if that came later; now if it is not failing."""
+        since = self._since.get(kind)
+        if since is None:
+            return now
+        return max(since, self._served) if self._served is not None else since

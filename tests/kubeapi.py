@@ -207,6 +207,24 @@ class ApiServer:
             self._generation += 1
             self._state.notify_all()
 
+    def refused_for_good(self) -> list[tuple[str, dict[str, str]]]:
+        """The requests refused and never asked again with a token accepted: a request in flight
+        with the old token when a rotation ends is refused rightly; the client must then read
+        the new one and retry (a list with the same query, or any watch of that path)."""
+        left = []
+        for i, (path, ok, query) in enumerate(self.requests):
+            if ok == "ok":
+                continue
+            watch = query.get("watch") == "true"
+            if not any(
+                later_ok == "ok"
+                and later_path == path
+                and (later_query.get("watch") == "true" if watch else later_query == query)
+                for later_path, later_ok, later_query in self.requests[i + 1 :]
+            ):
+                left.append((path, query))
+        return left
+
     def watched(self) -> set[str]:
         """The collections a watch was asked for so far (whatever the token's answer)."""
         return {path for path, _, query in self.requests if query.get("watch") == "true"}

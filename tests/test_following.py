@@ -38,16 +38,17 @@ def test_a_quiet_api_is_followed_however_long_nothing_changes():
     assert stale == []
 
 
-def test_a_failing_resource_is_counted_from_its_last_read_and_said_once_past_the_bound():
+def test_a_failing_resource_is_counted_from_its_first_failure_and_said_once_past_the_bound():
     following, clock, stale, recovered = make()
     following.read("Service")
     following.served()
-    clock.now += 50
+    clock.now += 50  # a quiet, open watch: following all along
     following.failed("Service", "401 Unauthorized")
+    clock.now += 20
+    following.failed("Service", "401 Unauthorized")  # still failing: counted from the first
     unread = following.unread()
-    assert unread == Unread("Service", 50.0, 1000.0, "401 Unauthorized", False)
-    clock.now += 11
-    following.failed("Service", "401 Unauthorized")
+    assert unread == Unread("Service", 20.0, 1000.0, "401 Unauthorized", False)
+    clock.now += 41
     following.failed("Service", "401 Unauthorized")
     following.check()
     assert [(u.kind, u.seconds, u.stale) for u in stale] == [("Service", 61.0, True)]
@@ -60,6 +61,24 @@ def test_a_failing_resource_is_counted_from_its_last_read_and_said_once_past_the
     clock.now += 61
     following.check()
     assert [u.error for u in stale] == ["401 Unauthorized", "connection refused"]
+
+
+def test_a_silent_watch_timed_out_and_opened_again_at_once_was_never_unread():
+    """A watch that receives nothing for longer than the bound (no change, no bookmark) times
+    out and is opened again: seen on the multi-node lab as "Nodes not read for 120s" and a
+    /readyz 503 for the 0.6 s between the two."""
+    following, clock, stale, _ = make()
+    following.read("Node")
+    following.served()
+    clock.now += 120
+    following.failed("Node", "Read timed out.")
+    unread = following.unread()
+    assert unread is not None
+    assert not unread.stale
+    clock.now += 0.6
+    following.read("Node")
+    assert stale == []
+    assert following.unread() is None
 
 
 def test_the_bound_counts_from_the_first_full_pass_and_nothing_is_stale_before_it():
@@ -91,6 +110,9 @@ def test_each_stale_resource_is_said_and_the_longest_unread_is_reported():
     clock.now += 5
     following.failed("EndpointSlice", "y")
     clock.now += 6
+    following.check()
+    assert [u.kind for u in stale] == ["Service"]  # failing 11 s; EndpointSlice 6 s
+    clock.now += 5
     following.check()
     assert sorted(u.kind for u in stale) == ["EndpointSlice", "Service"]
     worst = following.unread()

@@ -70,7 +70,7 @@ def test_a_rotated_token_file_is_followed_by_the_agent_process(netns: str, tmp_p
         api.end_watches()
         api.put(service("db", cluster_ips=("10.96.0.11",)))
         eventually(lambda: "10.96.0.11" in nat(), 30, "the new Service is programmed")
-        assert "denied" not in [ok for _, ok, _ in api.requests], log.read_text()
+        assert api.refused_for_good() == [], log.read_text()
 
         api.token = "third"  # refused for good until the file says so
         api.end_watches()
