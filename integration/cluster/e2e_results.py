@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -32,6 +33,28 @@ def tsv(out: str) -> None:
             else:
                 result, message = "passed", ""
             rows.append((name, result, case.get("time", "0"), " ".join(message.split())[:300]))
+    with open(f"{out}/results.tsv", "w") as f:
+        f.writelines("\t".join(row) + "\n" for row in rows)
+    print(dict(collections.Counter(row[1] for row in rows)))
+
+
+def from_log(out: str) -> None:
+    rows: list[tuple[str, str, str, str]] = []
+    spec, started, message = "", False, ""
+    ended = re.compile(r"^(•|S) (?:\[(FAILED|SKIPPED)\] )?\[([0-9.]+) seconds\]$")
+    with open(f"{out}/e2e.log") as f:
+        lines = [line.rstrip("\n") for line in f]
+    for i, line in enumerate(lines):
+        if line.startswith("[sig-") and lines[i - 1].startswith("-----"):
+            spec, started, message = line.rsplit(" [sig-", 1)[0], True, ""
+        elif line.startswith("  [FAILED] ") and not line.startswith("  [FAILED] in ["):
+            message = line.strip()[len("[FAILED] ") :]
+        elif (m := ended.match(line)) and started:
+            result = {"FAILED": "FAILED", "SKIPPED": "skipped"}.get(m[2] or "", "passed")
+            rows.append((spec, result, m[3], " ".join(message.split())[:300]))
+            started = False
+    if started:
+        rows.append((spec, "interrupted", "", "the run was stopped during this spec"))
     with open(f"{out}/results.tsv", "w") as f:
         f.writelines("\t".join(row) + "\n" for row in rows)
     print(dict(collections.Counter(row[1] for row in rows)))
@@ -73,6 +96,8 @@ def table(a_dir: str, b_dir: str, la: str, lb: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["tsv"] and len(sys.argv) == 3:
         tsv(sys.argv[2])
+    elif sys.argv[1:2] == ["log"] and len(sys.argv) == 3:
+        from_log(sys.argv[2])
     elif sys.argv[1:2] == ["table"] and len(sys.argv) == 6:
         table(*sys.argv[2:6])
     else:
