@@ -593,6 +593,16 @@ def test_a_rotated_token_is_followed_and_a_refused_one_said_once_past_two_sync_p
         eventually(lambda: _get(health, "/readyz")[0] == 200, 60, "/readyz turns 200")
         # every kind's watch open: none in flight with the old token when it is refused
         eventually(lambda: len(api.watched()) >= 3, 60, "the three watches open", interval=0.1)
+        # and the first Services' own lists done (a thread of their own at start, once)
+        eventually(
+            lambda: any(
+                ok == "ok" and "kube-dns" in query.get("labelSelector", "")
+                for _, ok, query in api.requests
+            ),
+            60,
+            "the first Services' lists read",
+            interval=0.1,
+        )
         # as a rotation goes: the new token valid at once, the old one refused afterwards
         api.also_accepted = {"second"}
         rotate("second")
