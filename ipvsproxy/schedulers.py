@@ -93,6 +93,17 @@ IPTABLES_FIDELITY: Mapping[Scheduler, IptablesFidelity] = {
 }
 
 
+# The flags a hashing scheduler gets unless a Service names its own. *-fallback: a client
+# whose hash picks a destination at weight 0 (a removed endpoint draining its connections)
+# is sent to the next one instead of refused, as the kernel refuses it without the flag
+# (measured: integration/ipvs/test_hashing_drain.py). mh-port is kube-proxy's default for
+# mh (FlagSourceHash): without it every connection of one client lands on one endpoint.
+DEFAULT_FLAGS: Mapping[Scheduler, str] = {
+    Scheduler.SH: "sh-fallback",
+    Scheduler.MH: "mh-fallback,mh-port",
+}
+
+
 def allowed_flags(scheduler: Scheduler) -> Mapping[str, SchedFlag]:
     """The flag names this scheduler accepts (empty for most schedulers)."""
     return _FLAG_NAMES.get(scheduler, {})
@@ -155,7 +166,7 @@ def resolve(annotations: Mapping[str, str], default: Scheduler) -> Choice:
     """
     raw_name = annotations.get(SCHEDULER_ANNOTATION)
     raw_flags = annotations.get(FLAGS_ANNOTATION)
-    if raw_name is None and raw_flags is None and default is not Scheduler.MH:
+    if raw_name is None and raw_flags is None and default not in DEFAULT_FLAGS:
         return Choice(default)  # most Services: parse_flags(default, "") is no flag
     raw_flags = raw_flags or ""
     scheduler = default
@@ -169,11 +180,9 @@ def resolve(annotations: Mapping[str, str], default: Scheduler) -> Choice:
                 warning=f"{SCHEDULER_ANNOTATION}={raw_name!r} is not an IPVS scheduler "
                 f"(known: {known}); using the default {default}",
             )
-    if scheduler is Scheduler.MH and FLAGS_ANNOTATION not in annotations:
-        # kube-proxy's default for mh: hash the source port too (FlagSourceHash, mh-port),
-        # or every connection of one client lands on one endpoint. An explicit flags
-        # annotation, even an empty one, replaces it.
-        raw_flags = "mh-port"
+    if FLAGS_ANNOTATION not in annotations:
+        # an explicit flags annotation, even an empty one, replaces these
+        raw_flags = DEFAULT_FLAGS.get(scheduler, "")
     try:
         flags = parse_flags(scheduler, raw_flags)
     except ValueError as exc:

@@ -71,12 +71,18 @@ def test_resolve_annotation_and_default():
     assert "'x'" in bad.warning
 
 
-def test_mh_gets_kube_proxys_mh_port_unless_flags_are_given():
-    assert resolve({}, Scheduler.MH) == Choice(Scheduler.MH, SchedFlag.SCHED2)
-    by_annotation = resolve({"ipvsproxy.io/scheduler": "mh"}, Scheduler.RR)
-    assert by_annotation.flags == SchedFlag.SCHED2
-    explicit = {"ipvsproxy.io/scheduler": "mh", "ipvsproxy.io/scheduler-flags": "mh-fallback"}
-    assert resolve(explicit, Scheduler.RR).flags == SchedFlag.SCHED1
+def test_hashing_schedulers_fall_back_from_a_draining_destination_unless_flags_are_given():
+    """sh and mh get their fallback flag (a drained endpoint's clients are sent on, not
+    refused: integration/ipvs/test_hashing_drain.py), mh kube-proxy's mh-port too; any
+    flags annotation, even an empty one, replaces them."""
+    fallback, port = SchedFlag.SCHED1, SchedFlag.SCHED2
+    assert resolve({}, Scheduler.MH) == Choice(Scheduler.MH, fallback | port)
+    assert resolve({}, Scheduler.SH) == Choice(Scheduler.SH, fallback)
+    assert resolve({"ipvsproxy.io/scheduler": "mh"}, Scheduler.RR).flags == fallback | port
+    assert resolve({"ipvsproxy.io/scheduler": "sh"}, Scheduler.RR).flags == fallback
+    explicit = {"ipvsproxy.io/scheduler": "mh", "ipvsproxy.io/scheduler-flags": "mh-port"}
+    assert resolve(explicit, Scheduler.RR).flags == port
     none = {"ipvsproxy.io/scheduler-flags": ""}
     assert resolve(none, Scheduler.MH).flags == SchedFlag(0)
-    assert resolve({}, Scheduler.SH).flags == SchedFlag(0)
+    assert resolve(none, Scheduler.SH).flags == SchedFlag(0)
+    assert resolve({}, Scheduler.DH).flags == SchedFlag(0)  # no fallback flag to give
