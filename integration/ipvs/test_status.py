@@ -18,6 +18,8 @@ import yaml
 
 from integration.host import STUCK, clean_ipvs
 from integration.lab import IPVSPROXY, PORT, Lab, agent_command, built, request
+from ipvsproxy.status.client import fetch
+from ipvsproxy.status.document import Selector
 from tests.factories import ep, node, port, service, slice_
 from tests.status.scene import SCHEMA
 from tests.support import eventually, free_port
@@ -77,17 +79,27 @@ def by_address(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["address"]: e["traffic"] for e in web["endpoints"]}
 
 
+def agent_doc(url: str) -> dict[str, Any]:
+    """The agent's /status for default/web, read in this process (no CLI start between
+    two readings: the rates are between the agent's last two samples, which must span the
+    traffic whatever the machine's speed)."""
+    doc = fetch(url, Selector.parse("default/web"))
+    jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
 def test_connections_and_bytes_go_up_on_the_endpoint_that_served_them(agent):
     lab, url = agent
     names = {b.name: b.address for b in lab.backends}
-    before = by_address(status(url))
+    status(url)  # the CLI reads the agent's document
+    before = by_address(agent_doc(url))  # the agent's sample before the traffic
     served = Counter(names[request(lab.clients[0], VIP, 80)] for _ in range(6))
     doc: dict[str, Any] = {}
     after: dict[str, dict[str, Any]] = {}
 
     def counted() -> bool:  # the kernel refreshes the counters it reports every 2 s
         nonlocal doc, after
-        doc = status(url)
+        doc = agent_doc(url)
         after = by_address(doc)
         return all(
             after[a]["connections"] - before[a]["connections"] >= n for a, n in served.items()
