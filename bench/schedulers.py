@@ -23,14 +23,13 @@ are the emulator's, their ratios are not).
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from integration.host import clean_ipvs
@@ -125,16 +124,6 @@ def sources() -> list[str]:
     return [f"10.250.1.{n}" for n in range(2, 2 + SOURCES)]
 
 
-@contextmanager
-def held() -> Iterator[list[socket.socket]]:
-    socks: list[socket.socket] = []
-    try:
-        yield socks
-    finally:
-        for s in socks:
-            s.close()
-
-
 # ---- scenarios -------------------------------------------------------------------------------
 
 
@@ -173,14 +162,15 @@ def scale_out(kernel: NetlinkKernel, lab: Lab) -> str:
         clean_ipvs()
         synced = proxier(kernel, slow_start=bool(ramp))
         write(synced, objects(old, scheduler, slow_start=ramp))
-        with held() as socks:
+        with ExitStack() as socks:  # the held connections, closed when the variant ends
             for i in range(HELD * len(old)):
-                socks.append(connect(lab.clients[0], VIP, 80, source=sources()[i % SOURCES])[1])
+                source = sources()[i % SOURCES]
+                socks.enter_context(connect(lab.clients[0], VIP, 80, source=source)[1])
             write(synced, objects(old + new, scheduler, slow_start=ramp))
             got: Counter[str] = Counter()
             for i in range(NEW):
                 name, sock = connect(lab.clients[0], VIP, 80, source=sources()[i % SOURCES])
-                socks.append(sock)
+                socks.enter_context(sock)
                 got[name] += 1
         share = sum(c for n, c in got.items() if n in new_names) / NEW
         label = f"{scheduler} + slow start {ramp}" if ramp else scheduler
