@@ -58,10 +58,19 @@ class Round:
     phase: str
     killed_after: float  # seconds after the agent's start, or after the change
     converged_after: float  # seconds after the restart; -1 if it never did
-    problem: str = ""
+    problem: str = ""  # what broke: not converged, the foreign virtual server touched, diff
+    first_sync: float = 0.0  # a clean first sync's seconds, the yardstick for `slow`
+
+    @property
+    def slow(self) -> bool:
+        """Completed later than one first sync (with slack): a figure of this host's speed too,
+        so the benchmark's verdict, not the CI test's (no wall-clock assertion in a test)."""
+        return self.converged_after > self.first_sync * 1.5 + 5
 
     def line(self) -> str:
         verdict = self.problem or "ok"
+        if not self.problem and self.slow:
+            verdict = f"converged only after one first sync ({self.first_sync:.1f} s)"
         return (
             f"{self.phase:12} killed at {self.killed_after:5.1f} s, restarted agent complete "
             f"after {self.converged_after:5.1f} s: {verdict}"
@@ -192,17 +201,16 @@ def crash_rounds(
                 proc.wait()
                 restarted = time.monotonic()
                 proc = crashes.start()
-                done = wait_for(crashes.complete(wants[current], proc), 2 * full + 30, 0.25)
+                # a deadline, not a verdict: generous, so a busy host's slow restart is not "never"
+                done = wait_for(crashes.complete(wants[current], proc), 4 * full + 120, 0.25)
                 took = -1.0 if done is None else done - restarted
                 problem = ""
                 if done is None:
                     problem = f"not converged: {same_table(ns, wants[current])}"
-                elif took > full * 1.5 + 5:
-                    problem = f"converged only after {took:.1f} s (one first sync: {full:.1f} s)"
                 if not crashes.foreign_intact():
                     problem += " the foreign virtual server was touched"
                 stop(proc)
-                rounds.append(Round(phase, moment, took, problem.strip()))
+                rounds.append(Round(phase, moment, took, problem.strip(), full))
                 say(rounds[-1].line())
             diff = in_ns(ns, *agent_command(
                 "--kubeconfig", str(work / "kubeconfig"), command="diff", node=BENCH_NODE,
@@ -226,7 +234,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(1 << 30))
     args = parser.parse_args()
     rounds = crash_rounds(args.services, args.dests, args.points, args.seed)
-    failed = [r for r in rounds if r.problem]
+    failed = [r for r in rounds if r.problem or r.slow]
     print(f"{len(rounds) - len(failed)} of {len(rounds)} rounds held (seed {args.seed})")
     sys.exit(1 if failed else 0)
 

@@ -1,7 +1,8 @@
 """Crash safety in CI: two rounds of bench/crash.py (kill -9 during a first sync and during a
-large change, restart; the table converges within one first sync's time, the foreign virtual
-server untouched, `diff` in sync). The 20-round run at 1000 x 10: bench/crash.py. Run by
-scripts/vm-test inside the IPVS VM."""
+large change, restart; the table converges, the foreign virtual server untouched, `diff` in
+sync). How fast it converges is bench/crash.py's verdict, not this test's: a busy CI machine
+slows the restarted agent more than the clean first sync it is compared with. The 20-round run
+at 1000 x 10: bench/crash.py. Run by scripts/vm-test inside the IPVS VM."""
 
 from __future__ import annotations
 
